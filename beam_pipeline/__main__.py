@@ -1,0 +1,3 @@
+from beam_pipeline.pipeline import main
+
+main()

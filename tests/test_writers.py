@@ -1,0 +1,86 @@
+"""Output planning, staging and the final files: row order, shard counts, formats, refusal."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.steps import Part
+from transforms.writers import (
+    OutputFile,
+    StagedFile,
+    StagePart,
+    WriteOutputFile,
+    plan_output_files,
+    prepare_output_dir,
+)
+
+
+def staged(kind: str, chunk: str, rows: int, size: int = 100) -> StagedFile:
+    return StagedFile(kind, (chunk, "s"), f"/staging/{chunk}", rows, size)
+
+
+def test_plan_cuts_rows_in_chunk_order_into_the_requested_shards():
+    files = [staged("sft", "c2", 5), staged("sft", "c0", 3), staged("sft", "c1", 0)]
+    plans = plan_output_files(files, "/out", num_shards=3, target_bytes=1)
+    assert [p.path for p in plans] == [f"/out/sft/part-{i:05d}-of-00003.parquet" for i in range(3)]
+    # 8 rows -> 2, 3, 3; c0's rows come first.
+    assert [p.slices for p in plans] == [
+        (("/staging/c0", 0, 2),),
+        (("/staging/c0", 2, 3), ("/staging/c2", 0, 2)),
+        (("/staging/c2", 2, 5),),
+    ]
+    assert [p.rows for p in plans] == [2, 3, 3]
+
+
+def test_every_planned_shard_receives_rows():
+    plans = plan_output_files([staged("pretrain", "c0", 2)], "/out", num_shards=8,
+                              target_bytes=1)
+    assert [p.rows for p in plans] == [1, 1]
+
+
+def test_automatic_shard_count_follows_target_size_and_kinds_get_their_format():
+    files = [staged("pretrain", "c0", 10, size=250), staged("rejected", "c0", 4, size=10)]
+    plans = plan_output_files(files, "/out", num_shards=0, target_bytes=100)
+    assert [(p.kind, p.path.rsplit("/", 1)[1]) for p in plans] == [
+        ("pretrain", "part-00000-of-00003.parquet"),
+        ("pretrain", "part-00001-of-00003.parquet"),
+        ("pretrain", "part-00002-of-00003.parquet"),
+        ("rejected", "part-00000-of-00001.jsonl"),
+    ]
+
+
+def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
+    table = pa.table({"input_ids": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32()))})
+    rejected = pa.table({"source": ["a"], "position": [3], "reason": ["malformed_json"]})
+    stage = StagePart(str(tmp_path / "staging"))
+    [data] = stage.process(Part("pretrain", "c0", "blocks", table))
+    [bad] = stage.process(Part("rejected", "c0", "classify", rejected))
+    # Restaging the same part rewrites the same file: retries cannot duplicate rows.
+    assert next(stage.process(Part("pretrain", "c0", "blocks", table))).path == data.path
+    writer = WriteOutputFile(row_group_rows=2)
+    out = tmp_path / "out"
+    [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"),
+                                       ((data.path, 1, 3),)))
+    assert info["rows"] == 2
+    written = pq.ParquetFile(out / "a.parquet")
+    assert written.read().column("input_ids").to_pylist() == [[3, 4], [5, 6]]
+    assert written.schema_arrow.field("input_ids").type == pa.list_(pa.int32())
+    assert written.metadata.row_group(0).column(0).compression == "ZSTD"
+    list(writer.process(OutputFile("rejected", str(out / "r.jsonl"), ((bad.path, 0, 1),))))
+    lines = (out / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"source": "a", "position": 3, "reason": "malformed_json"}]
+
+
+def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
+    prepare_output_dir(str(tmp_path), overwrite=False)  # empty: fine
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "unrelated.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="--overwrite"):
+        prepare_output_dir(str(tmp_path), overwrite=False)
+    prepare_output_dir(str(tmp_path), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]

@@ -1,0 +1,1 @@
+"""Reusable PTransforms and the pure functions behind them, one module per concern."""

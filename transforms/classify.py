@@ -1,0 +1,112 @@
+"""ClassifyRecords: routes every record to the knowledge branch, the instruction branch or
+rejected/, by what the user declared for its input or else by the record's own shape.
+
+Routing is decided per record by ``classify``, a pure function, so the rules are easy to test
+and the PTransform only splits each chunk into the branch chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+
+from transforms import records as R
+from transforms.adapters import detect_format
+from transforms.records import InputSpec, Record, RecordChunk, Rejection
+from transforms.steps import ChunkStep, apply_step
+
+TEXT_FORMAT = "text"
+
+
+def apply_field_map(value: dict, field_map: dict[str, str]) -> dict:
+    """Renames declared source fields to canonical names; a declared field must be present."""
+    if not field_map:
+        return value
+    missing = [source for source in field_map.values() if source not in value]
+    if missing:
+        raise KeyError(", ".join(missing))
+    mapped = {k: v for k, v in value.items() if k not in field_map.values()}
+    for canonical, source in field_map.items():
+        mapped[canonical] = value[source]
+    return mapped
+
+
+def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
+    """Returns (branch, record with its canonical value and format) or a Rejection."""
+    if record.error is not None:
+        return Rejection.of(record, *record.error)
+    value: Any = record.value
+    if isinstance(value, str):
+        if spec.branch == R.INSTRUCTION:
+            return Rejection.of(record, R.UNCLASSIFIABLE,
+                                "input declared branch=instruction but the record is plain text")
+        return _knowledge(record, value)
+    if not isinstance(value, dict):
+        return Rejection.of(record, R.NOT_AN_OBJECT, f"record is {type(value).__name__}")
+    try:
+        value = apply_field_map(value, spec.field_map)
+    except KeyError as missing:
+        return Rejection.of(record, R.MISSING_FIELD,
+                            f"declared field(s) missing from the record: {missing.args[0]}")
+    if spec.branch != R.KNOWLEDGE:
+        fmt = detect_format(value)
+        if fmt is not None:
+            return R.INSTRUCTION, dataclasses.replace(record, value=value, format=fmt)
+        if spec.branch == R.INSTRUCTION:
+            return Rejection.of(record, R.UNCLASSIFIABLE,
+                                "input declared branch=instruction but no instruction format "
+                                f"matches fields {sorted(value)[:10]}")
+    if "text" in value:
+        text = value["text"]
+        if not isinstance(text, str):
+            return Rejection.of(record, R.WRONG_TYPE,
+                                f"field 'text' is {type(text).__name__}, expected a string")
+        return _knowledge(record, text)
+    if spec.branch == R.KNOWLEDGE:
+        return Rejection.of(record, R.MISSING_FIELD,
+                            "input declared branch=knowledge but the record has no 'text' field "
+                            "(map one with '#text=FIELD')")
+    return Rejection.of(record, R.UNCLASSIFIABLE,
+                        f"no known format matches fields {sorted(value)[:10]}")
+
+
+def _knowledge(record: Record, text: str) -> tuple[str, Record] | Rejection:
+    if not text.strip():
+        return Rejection.of(record, R.EMPTY_RECORD, "document has no text")
+    return R.KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT)
+
+
+class _Classify(ChunkStep):
+    step_name = "classify"
+
+    def __init__(self, specs: Sequence[InputSpec]):
+        self.specs = {spec.index: spec for spec in specs}
+
+    def run(self, chunk: RecordChunk) -> Iterator[Any]:
+        routed: dict[str, list[Record]] = {R.KNOWLEDGE: [], R.INSTRUCTION: []}
+        self.count("records_read", len(chunk.records))
+        for record in chunk.records:
+            result = classify(record, self.specs[record.input_index])
+            if isinstance(result, Rejection):
+                self.drop(result)
+            else:
+                branch, routed_record = result
+                routed[branch].append(routed_record)
+        for branch, kept in routed.items():
+            if kept:
+                self.count(f"{branch}.records_in", len(kept))
+                yield beam.pvalue.TaggedOutput(branch, RecordChunk(chunk.chunk_id, tuple(kept)))
+
+
+class ClassifyRecords(beam.PTransform):
+    """Chunks in; knowledge and instruction chunks, rejected parts and stats out."""
+
+    def __init__(self, specs: Sequence[InputSpec]):
+        super().__init__()
+        self.specs = tuple(specs)
+
+    def expand(self, chunks):
+        return apply_step(chunks, "Classify", _Classify(self.specs), R.KNOWLEDGE, R.INSTRUCTION)

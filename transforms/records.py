@@ -1,0 +1,138 @@
+"""The data model that flows through the graph: input specs, shards, records and rejections.
+
+Everything here is a plain, picklable value so that any Beam runner can move it between workers.
+A record is always carried inside a ``RecordChunk``: a bounded, ordered slice of one input shard
+whose id is derived from the input alone. Chunks are the unit of batching, of block concatenation
+and of packing, which is what makes the output independent of runner, worker count and bundles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+KNOWLEDGE = "knowledge"
+INSTRUCTION = "instruction"
+BRANCHES = (KNOWLEDGE, INSTRUCTION)
+
+FORMATS = ("jsonl", "json", "parquet", "text", "csv")
+TEXT_UNITS = ("file", "line", "paragraph")
+
+# Reason codes. They are part of the output contract (rejected/ files and manifest.json).
+MALFORMED_JSON = "malformed_json"
+MALFORMED_CSV = "malformed_csv"
+INVALID_UTF8 = "invalid_utf8"
+UNREADABLE_FILE = "unreadable_file"
+NOT_AN_OBJECT = "not_an_object"
+RECORD_TOO_LARGE = "record_too_large"
+EMPTY_RECORD = "empty_record"
+UNCLASSIFIABLE = "unclassifiable"
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+NO_TRAINED_TOKENS = "no_trained_tokens"
+TOO_LONG = "too_long"
+TEMPLATE_ERROR = "template_error"
+
+RAW_CAP_BYTES = 4096  # how much of a rejected record's raw text is kept in rejected/
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One ``--input`` value: a path pattern plus what the user declared about it.
+
+    Declarations follow the pattern after a ``#`` as ``key=value`` pairs separated by ``;``:
+    ``data/gsm8k.jsonl#branch=instruction;prompt=question;response=answer``. ``branch``,
+    ``format``, ``text_unit`` and ``name`` are settings; every other key maps a canonical field
+    (``text``, ``prompt``, ``response``, ``system``, ``messages``, ...) to a field of the input.
+    """
+
+    index: int
+    pattern: str
+    branch: str | None = None
+    format: str | None = None
+    text_unit: str = "file"
+    name: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def field_map(self) -> dict[str, str]:
+        return dict(self.fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """A deterministic unit of reading: a whole file, a byte range, or a range of row groups."""
+
+    input_index: int
+    path: str
+    format: str
+    text_unit: str = "file"
+    start: int = 0  # byte offset (line formats) or first row group (Parquet)
+    end: int | None = None  # exclusive; None means to the end of the file
+
+    @property
+    def shard_id(self) -> str:
+        return f"{self.input_index:03d}:{self.path}:{self.start:015d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One input record with its provenance.
+
+    ``position`` is the byte offset of the record's first byte for line-delimited files (JSONL,
+    text read by line or paragraph) and the 0-based record index for everything else (JSON
+    arrays, CSV rows, Parquet rows; 0 for a whole text file). ``value`` is the parsed object
+    (a dict) or the text; ``error`` is set instead when the record could not be read.
+    """
+
+    source: str
+    position: int
+    input_index: int
+    value: Any = None
+    error: tuple[str, str] | None = None  # (reason code, message) for read failures
+    raw: str | None = None  # the raw text, kept only for records that failed to read
+    format: str | None = None  # set by classification: "text" or an instruction format
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.source, self.position)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordChunk:
+    """A bounded, ordered slice of one shard. ``chunk_id`` sorts in input order."""
+
+    chunk_id: str
+    records: tuple[Record, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """A record that left the pipeline: why, where it came from, and what it was."""
+
+    source: str
+    position: int
+    reason: str
+    message: str
+    raw: str
+
+    @classmethod
+    def of(cls, record: Record, reason: str, message: str) -> Rejection:
+        return cls(record.source, record.position, reason, message, raw_text(record))
+
+
+def raw_text(record: Record, cap: int = RAW_CAP_BYTES) -> str:
+    """The record as text, capped so one huge bad record cannot bloat rejected/."""
+    if record.raw is not None:
+        text = record.raw
+    elif isinstance(record.value, str):
+        text = record.value
+    else:
+        try:
+            text = json.dumps(record.value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = repr(record.value)
+    if len(text.encode("utf-8", "replace")) <= cap:
+        return text
+    return text.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore") + "...[truncated]"

@@ -1,0 +1,193 @@
+"""Writing outputs so that they are deterministic, evenly sharded and appear complete or not at all.
+
+Each chunk's tables are first staged as one Parquet file per (kind, chunk, step), named by a
+hash of that key, so a retried bundle rewrites the same file. Once every chunk is staged, a plan
+cuts the rows of each kind, in chunk order, into the requested number of output files, which
+are written in parallel by streaming slices of the staged files. Memory stays bounded by one
+staged file, output rows and files depend only on the inputs and configuration, and
+``manifest.json``, written last, marks the run complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Iterator, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.manifest import build_manifest, write_manifest
+from transforms.steps import Part
+
+STAGING_DIR = ".staging"
+PARQUET_KINDS = ("pretrain", "sft")
+JSONL_KINDS = ("rejected", "filtered")
+OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
+COMPRESSION = "zstd"
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedFile:
+    kind: str
+    order: tuple[str, str]  # (chunk_id, step): the order rows appear in the output
+    path: str
+    rows: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFile:
+    """One output file to write: which rows of which staged files, in order."""
+
+    kind: str
+    path: str
+    slices: tuple[tuple[str, int, int], ...]  # (staged path, first row, end row)
+
+    @property
+    def rows(self) -> int:
+        return sum(end - start for _, start, end in self.slices)
+
+
+def staged_path(staging_dir: str, part: Part) -> str:
+    digest = hashlib.sha256(f"{part.chunk_id}\0{part.step}".encode()).hexdigest()[:24]
+    return FileSystems.join(staging_dir, part.kind, f"{digest}.parquet")
+
+
+class StagePart(beam.DoFn):
+    """Writes one part to its staging file; the same part always lands in the same file."""
+
+    def __init__(self, staging_dir: str):
+        self.staging_dir = staging_dir
+
+    def process(self, part: Part) -> Iterator[StagedFile]:
+        path = staged_path(self.staging_dir, part)
+        with FileSystems.create(path) as handle:
+            pq.write_table(part.table, handle, compression=COMPRESSION)
+        yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
+                         part.table.nbytes)
+
+
+def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards: int,
+                      target_bytes: int) -> list[OutputFile]:
+    """Cuts each kind's rows, in chunk order, into files that all receive rows.
+
+    ``num_shards`` > 0 asks for that many files per kind (fewer if there are fewer rows);
+    0 picks ceil(bytes / target_bytes), at least one.
+    """
+    plans: list[OutputFile] = []
+    for kind in OUTPUT_KINDS:
+        files = sorted((f for f in staged if f.kind == kind and f.rows), key=lambda f: f.order)
+        total_rows = sum(f.rows for f in files)
+        if not total_rows:
+            continue
+        wanted = num_shards or math.ceil(sum(f.bytes for f in files) / target_bytes)
+        count = max(1, min(wanted, total_rows))
+        bounds = [total_rows * i // count for i in range(count + 1)]
+        extension = "parquet" if kind in PARQUET_KINDS else "jsonl"
+        ends = list(itertools.accumulate(f.rows for f in files))
+        for index in range(count):
+            lo, hi = bounds[index], bounds[index + 1]
+            slices = []
+            for staged_file, end in zip(files, ends, strict=True):
+                start = end - staged_file.rows
+                if end <= lo or start >= hi:
+                    continue
+                slices.append((staged_file.path, max(lo, start) - start, min(hi, end) - start))
+            name = f"part-{index:05d}-of-{count:05d}.{extension}"
+            plans.append(OutputFile(kind, FileSystems.join(output_dir, kind, name), tuple(slices)))
+    return plans
+
+
+def _read_staged(path: str) -> pa.Table:
+    with FileSystems.open(path) as handle:
+        return pq.read_table(pa.BufferReader(handle.read()))
+
+
+class WriteOutputFile(beam.DoFn):
+    """Streams the planned slices of staged files into one output file."""
+
+    def __init__(self, row_group_rows: int):
+        self.row_group_rows = row_group_rows
+
+    def process(self, plan: OutputFile) -> Iterator[dict]:
+        if plan.kind in PARQUET_KINDS:
+            self._write_parquet(plan)
+        else:
+            self._write_jsonl(plan)
+        yield {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
+
+    def _slices(self, plan: OutputFile) -> Iterator[pa.Table]:
+        for path, start, end in plan.slices:
+            yield _read_staged(path).slice(start, end - start)
+
+    def _write_parquet(self, plan: OutputFile) -> None:
+        with FileSystems.create(plan.path) as handle:
+            writer = None
+            for table in self._slices(plan):
+                if writer is None:
+                    writer = pq.ParquetWriter(handle, table.schema, compression=COMPRESSION)
+                writer.write_table(table, row_group_size=self.row_group_rows)
+            writer.close()
+
+    def _write_jsonl(self, plan: OutputFile) -> None:
+        with FileSystems.create(plan.path) as handle:
+            for table in self._slices(plan):
+                for row in table.to_pylist():
+                    handle.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
+    """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``."""
+    owned = [FileSystems.join(output_dir, name) for name in (*OUTPUT_KINDS, STAGING_DIR)]
+    manifest = FileSystems.join(output_dir, "manifest.json")
+    existing = [path for path in (*owned, manifest) if FileSystems.exists(path)]
+    if not existing:
+        return
+    if not overwrite:
+        raise ValueError(f"{output_dir} already holds outputs ({', '.join(existing)}); "
+                         "pass --overwrite=true to replace them")
+    FileSystems.delete(existing)
+
+
+class WriteOutputs(beam.PTransform):
+    """Parts in; sharded output files and, last of all, manifest.json out."""
+
+    def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
+                 row_group_rows: int, manifest_fields: dict):
+        super().__init__()
+        self.output_dir = output_dir
+        self.num_shards = num_shards
+        self.target_bytes = target_shard_mb * 1024 * 1024
+        self.row_group_rows = row_group_rows
+        self.manifest_fields = manifest_fields
+
+    def expand(self, parts_and_stats):
+        parts, stats = parts_and_stats
+        staging_dir = FileSystems.join(self.output_dir, STAGING_DIR)
+        written = (
+            parts
+            | "Stage" >> beam.ParDo(StagePart(staging_dir))
+            | "CollectStaged" >> beam.combiners.ToList()
+            | "PlanFiles" >> beam.FlatMap(plan_output_files, self.output_dir, self.num_shards,
+                                          self.target_bytes)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "WriteFiles" >> beam.ParDo(WriteOutputFile(self.row_group_rows))
+            | "CollectWritten" >> beam.combiners.ToList()
+        )
+        return written | "WriteManifest" >> beam.Map(
+            _finish, beam.pvalue.AsSingleton(stats), self.output_dir, staging_dir,
+            self.manifest_fields)
+
+
+def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
+            fields: dict) -> str:
+    if FileSystems.exists(staging_dir):
+        FileSystems.delete([staging_dir])
+    manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"])
+    return write_manifest(output_dir, manifest)
