@@ -24,6 +24,8 @@ mask, packed sequences) or rejected/ with a reason code. OUTPUT gets pretrain/, 
 rejected/ and manifest.json, which accounts for every input record.
 """
 
+PREP_GROUP = "data preparation"
+
 INPUT_HELP = """\
 Input files: a local path, a glob or a gs:// URI; repeat the option or give a
 comma-separated list. Formats come from the extension (.jsonl .json .parquet .txt
@@ -67,7 +69,7 @@ class PrepOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("data preparation")
+        group = parser.add_argument_group(PREP_GROUP)
         group.add_argument("--input", action="append", help=INPUT_HELP)
         group.add_argument(
             "--output", help="Output directory, local or gs://. Gets pretrain/, sft/, rejected/ "

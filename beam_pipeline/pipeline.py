@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import math
 import sys
 from collections.abc import Sequence
 
@@ -15,7 +17,13 @@ from apache_beam.options.pipeline_options import (
     _BeamArgumentParser,
 )
 
-from beam_pipeline.options import DESCRIPTION, PrepConfig, PrepOptions, config_from_options
+from beam_pipeline.options import (
+    DESCRIPTION,
+    PREP_GROUP,
+    PrepConfig,
+    PrepOptions,
+    config_from_options,
+)
 from transforms.chat_template import MaskOptions
 from transforms.classify import ClassifyRecords
 from transforms.instruction import InstructionBranch
@@ -30,7 +38,13 @@ from transforms.writers import WriteOutputs, prepare_output_dir
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
+SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def tail_buckets(shards: Sequence[ShardSpec]) -> int:
+    """How many groups the chunks' leftovers are joined in: bounded in size, few in number."""
+    return max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET))
 
 
 def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
@@ -39,13 +53,14 @@ def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.block_size, cfg.remainder)
+        cfg.tokenizer, cfg.block_size, cfg.remainder, tail_buckets(shards))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION] | "InstructionBranch" >> InstructionBranch(
             cfg.tokenizer, cfg.chat_template,
             MaskOptions(last_turn_only=cfg.assistant_turns == "last",
                         train_end_of_turn=cfg.train_end_of_turn),
-            cfg.system_prompt, cfg.seq_len, cfg.max_segments_per_pack or None))
+            cfg.system_prompt, cfg.seq_len, cfg.max_segments_per_pack or None,
+            tail_buckets(shards)))
     parts = (routed[PARTS], knowledge_parts, instruction_parts) | "AllParts" >> beam.Flatten()
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
@@ -59,17 +74,34 @@ def argument_parser() -> argparse.ArgumentParser:
     """Our options first, then every Beam option, so --help documents them all."""
     parser = _BeamArgumentParser(
         prog="python -m beam_pipeline", description=DESCRIPTION, allow_abbrev=False,
+        usage="%(prog)s --input PATTERN [--input PATTERN ...] --output DIR [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser._optionals.title = "Beam options (runner, Dataflow, worker environment, ...)"
     PrepOptions._add_argparse_args(parser)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         if cls is not PrepOptions:
             cls._add_argparse_args(parser)
+    groups = parser._action_groups  # list ours first in --help, ahead of Beam's many options
+    groups.insert(0, groups.pop(groups.index(next(g for g in groups if g.title == PREP_GROUP))))
     return parser
 
 
-def run(argv: Sequence[str] | None = None) -> PrepConfig:
-    """Validates everything that can be checked up front, then builds and runs the graph."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything checked before the graph is built: a bad option or input fails here."""
+
+    options: PipelineOptions
+    config: PrepConfig
+    shards: list[ShardSpec]
+    tokenizer: dict
+
+    @property
+    def runner(self) -> str:
+        return self.options.view_as(StandardOptions).runner or "DirectRunner"
+
+
+def prepare(argv: Sequence[str]) -> Plan:
+    """Parses and validates options, loads the tokenizer, plans shards, checks the output."""
     argument_parser().parse_args(argv)  # --help, unknown options and bad values stop here
     options = PipelineOptions(argv)
     options.view_as(SetupOptions).save_main_session = False
@@ -77,28 +109,38 @@ def run(argv: Sequence[str] | None = None) -> PrepConfig:
     tokenizer = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.chat_template))
     shards = plan_shards(list(cfg.inputs))
     prepare_output_dir(cfg.output, cfg.overwrite)
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    local = runner in LOCAL_RUNNERS
-    LOG.info("%d input shard(s) from %d input(s); writing to %s", len(shards), len(cfg.inputs),
-             cfg.output)
-    pipeline = beam.Pipeline(options=options)
-    build_graph(pipeline, cfg, shards, tokenizer)
+    return Plan(options, cfg, shards, tokenizer)
+
+
+def run(argv: Sequence[str]) -> PrepConfig:
+    return execute(prepare(argv))
+
+
+def execute(plan: Plan) -> PrepConfig:
+    """Builds and runs the graph; on a local runner waits and prints the summary."""
+    cfg = plan.config
+    LOG.info("%d input shard(s) from %d input(s); writing to %s", len(plan.shards),
+             len(cfg.inputs), cfg.output)
+    pipeline = beam.Pipeline(options=plan.options)
+    build_graph(pipeline, cfg, plan.shards, plan.tokenizer)
     result = pipeline.run()
-    if local:
+    if plan.runner in LOCAL_RUNNERS:
         result.wait_until_finish()
         for line in summary_lines(read_manifest(cfg.output)):
             print(line)
     else:
-        LOG.info("submitted to %s; the job writes %s/manifest.json when it completes", runner,
-                 cfg.output)
+        LOG.info("submitted to %s; the job writes %s/manifest.json when it completes",
+                 plan.runner, cfg.output)
     return cfg
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     LOG.setLevel(logging.INFO)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        run()
+        plan = prepare(argv)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    execute(plan)

@@ -212,7 +212,7 @@ def test_bfd_textbook_example() -> None:
     # capacity 10, items 2 5 4 7 1 3 8 -> sorted 8 7 5 4 3 2 1 -> {8,2} {7,3} {5,4,1}
     bins = pack_best_fit_decreasing(np.array([2, 5, 4, 7, 1, 3, 8]), 10)
     assert as_lists(bins) == [[6, 0], [3, 5], [1, 2, 4]]
-    assert all(b.dtype == np.int64 or b.dtype == np.intp for b in bins)
+    assert all(b.dtype in (np.int64, np.intp) for b in bins)
 
 
 def test_bfd_prefers_tightest_bin_over_first() -> None:
@@ -370,13 +370,13 @@ def test_packed_rows_roundtrip(examples: list[list[tuple[int, bool]]], capacity:
     table = build_packed_rows(ids, labels, bins)
     assert table.num_rows == len(bins)
     rows = table.to_pylist()
-    for b, row in zip(bins, rows):
+    for b, row in zip(bins, rows, strict=True):
         assert len(row["input_ids"]) <= capacity
         assert row["seq_lengths"] == [len(ids[i]) for i in b]
         n = len(row["input_ids"])
         assert len(row["labels"]) == len(row["position_ids"]) == n == sum(row["seq_lengths"])
         start = 0
-        for i, length in zip(b.tolist(), row["seq_lengths"]):
+        for i, length in zip(b.tolist(), row["seq_lengths"], strict=True):
             seg = slice(start, start + length)
             assert row["input_ids"][seg] == ids[i].tolist()
             assert row["labels"][seg] == [IGNORE_INDEX, *labels[i][1:].tolist()]

@@ -2,12 +2,14 @@
 
 Each chunk is adapted to canonical conversations, rendered with the chat template and masked
 (one batched tokenizer call), held to ``seq_len``, and packed best-fit-decreasing within the
-chunk, so the packed rows depend only on the input.
+chunk; the under-filled packs of all chunks are packed again together in a few ordered groups.
+Packed rows depend only on the input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -18,10 +20,11 @@ from transforms.adapters import AdaptError, Conversation, to_conversation
 from transforms.chat_template import EncodedExample, MaskOptions, RenderError, encode_conversations
 from transforms.packing import build_packed_rows, pack_best_fit_decreasing
 from transforms.records import Record, RecordChunk, Rejection
-from transforms.steps import PARTS, STATS, ChunkStep, Part, apply_step
+from transforms.steps import PARTS, STATS, TAILS, ChunkStep, GatherTails, Part, apply_step
 from transforms.tokenizer import load_tokenizer
 
 SFT = "sft"
+FULL_PACK = 0.99  # packs filled at least this much are final; the rest are packed again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,38 +96,64 @@ class EncodeConversations(ChunkStep):
 
 
 class PackSequences(ChunkStep):
-    """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens."""
+    """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens.
+
+    Packs filled below ``FULL_PACK`` (the last few that best-fit-decreasing opens) go on as the
+    chunk's tail and are packed again with other chunks' tails, unless ``final``.
+    """
 
     step_name = "pack"
 
-    def __init__(self, seq_len: int, max_segments: int | None):
+    def __init__(self, seq_len: int, max_segments: int | None, final: bool = False):
         self.seq_len = seq_len
         self.max_segments = max_segments
+        self.final = final
 
     def run(self, chunk: EncodedChunk) -> Iterator[beam.pvalue.TaggedOutput]:
-        lengths = np.array([len(e.input_ids) for e in chunk.examples], dtype=np.int64)
+        examples = chunk.examples
+        lengths = np.array([len(e.input_ids) for e in examples], dtype=np.int64)
         bins = pack_best_fit_decreasing(lengths, self.seq_len, self.max_segments)
-        table = build_packed_rows([e.input_ids for e in chunk.examples],
-                                  [e.labels for e in chunk.examples], bins)
-        self.count("instruction.packs", table.num_rows)
-        yield beam.pvalue.TaggedOutput(PARTS, Part(SFT, chunk.chunk_id, self.step_name, table))
+        full = [b for b in bins if self.final or self._is_full(b, lengths)]
+        if full:
+            table = build_packed_rows([e.input_ids for e in examples],
+                                      [e.labels for e in examples], full)
+            self.count("instruction.packs", table.num_rows)
+            yield beam.pvalue.TaggedOutput(PARTS, Part(SFT, chunk.chunk_id, self.step_name, table))
+        if len(full) < len(bins):
+            leftover = np.sort(np.concatenate([b for b in bins if not self._is_full(b, lengths)]))
+            yield beam.pvalue.TaggedOutput(
+                TAILS, (chunk.chunk_id, tuple(examples[i] for i in leftover)))
+
+    def _is_full(self, members: np.ndarray, lengths: np.ndarray) -> bool:
+        return (lengths[members].sum() >= FULL_PACK * self.seq_len
+                or len(members) == self.max_segments)
 
 
 class InstructionBranch(beam.PTransform):
     """Instruction chunks in; packed SFT parts, dropped-record parts and stats out."""
 
     def __init__(self, tokenizer: str, chat_template: str | None, options: MaskOptions,
-                 system_prompt: str | None, seq_len: int, max_segments: int | None):
+                 system_prompt: str | None, seq_len: int, max_segments: int | None,
+                 tail_buckets: int):
         super().__init__()
         self.encode = EncodeConversations(tokenizer, chat_template, options, system_prompt,
                                           seq_len)
-        self.pack = PackSequences(seq_len, max_segments)
+        self.seq_len = seq_len
+        self.max_segments = max_segments
+        self.tail_buckets = tail_buckets
 
     def expand(self, chunks):
         adapted = apply_step(chunks, "Adapt", AdaptConversations())
         encoded = apply_step(adapted.main, "RenderAndMask", self.encode)
-        packed = apply_step(encoded.main, "Pack", self.pack)
-        steps = (adapted, encoded, packed)
+        packed = apply_step(encoded.main, "Pack", PackSequences(self.seq_len, self.max_segments),
+                            TAILS)
+        tails = (packed[TAILS]
+                 | "GatherTails" >> GatherTails(self.tail_buckets)
+                 | "JoinTails" >> beam.Map(lambda group: EncodedChunk(
+                     group.chunk_id, tuple(itertools.chain.from_iterable(group.items)))))
+        repacked = apply_step(tails, "PackTails",
+                              PackSequences(self.seq_len, self.max_segments, final=True))
+        steps = (adapted, encoded, packed, repacked)
         parts = tuple(s[PARTS] for s in steps) | "InstructionParts" >> beam.Flatten()
         stats = tuple(s[STATS] for s in steps) | "InstructionStats" >> beam.Flatten()
         return parts, stats

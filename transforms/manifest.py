@@ -61,6 +61,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "records_in": knowledge.get("records_in", 0),
             "documents": kept_documents,
             "tokens": knowledge.get("tokens", 0),
+            "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
             "block_size": config["block_size"],
             "tokens_out": knowledge.get("tokens_out", 0),

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 IGNORE_INDEX = -100  # Hugging Face label value that carries no loss
-REMAINDER_POLICIES = ("drop", "pad")
+REMAINDER_POLICIES = ("drop", "pad", "carry")
 
 _INT32_LIST = pa.list_(pa.int32())
 
@@ -38,13 +38,30 @@ _BIN_ID_BITS = 32  # BFD keys are (remaining << 32) | bin_id, so one int compare
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # numpy fields: compare them explicitly
+class TokenStream:
+    """Documents joined back to back: the tokens and the lengths of the pieces they form.
+
+    A piece is a document (or the part of one) with its trailing separator, so piece lengths
+    sum to ``len(tokens)``. A chunk's tail after its last full block is a stream too, which is
+    how leftover tokens travel to a later group instead of being dropped.
+    """
+
+    tokens: np.ndarray  # int32
+    piece_lengths: np.ndarray  # int32, sums to len(tokens)
+
+    @classmethod
+    def empty(cls) -> TokenStream:
+        return cls(np.empty(0, np.int32), np.empty(0, np.int32))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # numpy fields: compare them explicitly
 class Blocks:
     """Fixed-length pretraining rows plus the token accounting the manifest reports.
 
     ``seq_lengths[i]`` holds the lengths of the document pieces in block ``i`` in order (a piece
     includes the separator that ends its document; under ``remainder="pad"`` the padding of the
     last block is its own final piece), so each sums to the block size.
-    ``tokens_in == tokens_out + remainder_tokens - pad_tokens``.
+    ``tokens_in == tokens_out + remainder_tokens + len(tail.tokens) - pad_tokens``.
     """
 
     input_ids: np.ndarray  # (n_blocks, block_size) int32
@@ -53,6 +70,7 @@ class Blocks:
     tokens_out: int  # n_blocks * block_size
     remainder_tokens: int  # tokens of the final partial block dropped by remainder="drop"
     pad_tokens: int  # pad tokens added by remainder="pad"
+    tail: TokenStream  # tokens after the last full block, kept by remainder="carry"
 
 
 def _int32_values(values: np.ndarray, what: str) -> np.ndarray:
@@ -104,6 +122,32 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return offsets
 
 
+def join_documents(token_arrays: Sequence[np.ndarray], separator_id: int) -> TokenStream:
+    """Each document followed by ``separator_id``, back to back.
+
+    >>> s = join_documents([np.array([1, 2, 3]), np.array([4, 5])], separator_id=0)
+    >>> s.tokens.tolist(), s.piece_lengths.tolist()
+    ([1, 2, 3, 0, 4, 5, 0], [4, 3])
+    """
+    _check_int("separator_id", separator_id)
+    tokens = _concat_int32(token_arrays, "token_arrays")
+    piece_lengths = (_lengths(token_arrays) + 1).astype(np.int32)
+    piece_ends = np.cumsum(piece_lengths, dtype=np.int64)
+    stream = np.full(len(tokens) + len(piece_lengths), separator_id, dtype=np.int32)
+    is_token = np.ones(len(stream), dtype=bool)
+    is_token[piece_ends - 1] = False
+    stream[is_token] = tokens
+    return TokenStream(stream, piece_lengths)
+
+
+def join_streams(streams: Sequence[TokenStream]) -> TokenStream:
+    """Streams back to back, in the given order (tails of several chunks, say)."""
+    if not streams:
+        return TokenStream.empty()
+    return TokenStream(_concat_int32([s.tokens for s in streams], "tokens"),
+                       _concat_int32([s.piece_lengths for s in streams], "piece_lengths"))
+
+
 def concat_blocks(
     token_arrays: Sequence[np.ndarray],
     block_size: int,
@@ -115,8 +159,7 @@ def concat_blocks(
 
     Pretraining wastes no compute on padding this way; a document may continue into the next
     block, and ``seq_lengths`` records where documents end so attention can be kept per document.
-    ``remainder="drop"`` drops the final partial block (counted in ``remainder_tokens``);
-    ``"pad"`` fills it with ``pad_id`` (counted in ``pad_tokens``, its own ``seq_lengths`` piece).
+    See ``cut_blocks`` for the remainder policies.
 
     >>> b = concat_blocks([np.array([1, 2, 3]), np.array([4, 5])], block_size=3, separator_id=0)
     >>> b.input_ids.tolist(), [s.tolist() for s in b.seq_lengths]
@@ -127,43 +170,61 @@ def concat_blocks(
     >>> b.input_ids.tolist(), [s.tolist() for s in b.seq_lengths], b.pad_tokens
     ([[1, 2, 3], [0, 9, 9]], [[3], [1, 2]], 2)
     """
+    return cut_blocks(join_documents(token_arrays, separator_id), block_size, remainder, pad_id)
+
+
+def cut_blocks(
+    stream: TokenStream, block_size: int, remainder: str = "drop", pad_id: int | None = None
+) -> Blocks:
+    """Cut a joined stream into rows of exactly ``block_size`` tokens.
+
+    The tokens after the last full block are dropped (``"drop"``, counted in
+    ``remainder_tokens``), padded into one more block with ``pad_id`` (``"pad"``, counted in
+    ``pad_tokens``, the pad run its own ``seq_lengths`` piece), or returned as ``tail``
+    (``"carry"``) so a later group can use them.
+
+    >>> s = join_documents([np.array([1, 2, 3]), np.array([4, 5])], separator_id=0)
+    >>> b = cut_blocks(s, 3, remainder="carry")
+    >>> b.input_ids.tolist(), b.tail.tokens.tolist(), b.tail.piece_lengths.tolist()
+    ([[1, 2, 3], [0, 4, 5]], [0], [1])
+    """
     _check_int("block_size", block_size, minimum=1)
-    _check_int("separator_id", separator_id)
     if remainder not in REMAINDER_POLICIES:
         raise ValueError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
     if remainder == "pad":
         if pad_id is None:
             raise ValueError('remainder="pad" needs a pad_id')
         _check_int("pad_id", pad_id)
-    tokens = _concat_int32(token_arrays, "token_arrays")
-
-    piece_ends = np.cumsum(_lengths(token_arrays) + 1)  # exclusive end of doc + separator
-    tokens_in = int(piece_ends[-1]) if len(piece_ends) else 0
+    tokens_in = len(stream.tokens)
+    piece_ends = np.cumsum(stream.piece_lengths, dtype=np.int64)
+    if (piece_ends[-1] if len(piece_ends) else 0) != tokens_in:
+        raise ValueError("piece_lengths must sum to the number of tokens")
     n_blocks, partial = divmod(tokens_in, block_size)
     if remainder == "pad" and partial:
         n_blocks += 1
     n_out = n_blocks * block_size
 
-    # One flat stream: the separator everywhere, then the document tokens in the other slots.
-    stream = np.full(max(n_out, tokens_in), separator_id, dtype=np.int32)
-    is_token = np.ones(tokens_in, dtype=bool)
-    is_token[piece_ends - 1] = False
-    stream[:tokens_in][is_token] = tokens
-    if remainder == "pad":
-        stream[tokens_in:] = pad_id
+    out = stream.tokens[:n_out]
+    if n_out > tokens_in:
+        out = np.concatenate([out, np.full(n_out - tokens_in, pad_id, dtype=np.int32)])
 
     # Piece boundaries are the document ends and the block edges; the pad run ends at n_out.
     block_edges = np.arange(0, n_out + 1, block_size, dtype=np.int64)
     cuts = np.union1d(piece_ends[piece_ends < n_out], block_edges)
     pieces = np.diff(cuts).astype(np.int32)
     split_at = np.searchsorted(cuts, block_edges[1:-1])
+    tail = TokenStream.empty()
+    if remainder == "carry" and tokens_in > n_out:
+        tail_cuts = np.union1d([n_out], piece_ends[piece_ends > n_out])
+        tail = TokenStream(stream.tokens[n_out:].copy(), np.diff(tail_cuts).astype(np.int32))
     return Blocks(
-        input_ids=stream[:n_out].reshape(n_blocks, block_size),
+        input_ids=out.reshape(n_blocks, block_size),
         seq_lengths=np.split(pieces, split_at) if n_blocks else [],
         tokens_in=tokens_in,
         tokens_out=n_out,
-        remainder_tokens=max(tokens_in - n_out, 0),
+        remainder_tokens=max(tokens_in - n_out, 0) if remainder == "drop" else 0,
         pad_tokens=max(n_out - tokens_in, 0),
+        tail=tail,
     )
 
 

@@ -138,7 +138,7 @@ class _ZstdReader(io.RawIOBase):
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
-        # Windows up to 2 GiB, as Beam allows: long-window (--long) archives are common.
+        # Windows up to 2 GiB, as Beam allows, so that archives made with `zstd --long` open.
         self._dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
         self._frame: zstandard.ZstdDecompressionObj | None = None
         self._tail = b""  # input that follows a finished frame
@@ -147,7 +147,7 @@ class _ZstdReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: memoryview) -> int:
         while not self._pending:
             data, self._tail = self._tail or self._raw.read(_BLOCK // 4), b""
             if not data:
@@ -262,11 +262,12 @@ def _plan_file(spec: InputSpec, path: str, size: int, target: int) -> list[Shard
             )
         return _plan_parquet(index, path, target)
     byte_ranges = not compressed and (fmt == "jsonl" or (fmt == "text" and unit != "file"))
-    if not byte_ranges or size <= target:
-        return [ShardSpec(index, path, fmt, unit)]
-    count = -(-size // target)
-    bounds = [size * i // count for i in range(count)] + [None]
-    return [ShardSpec(index, path, fmt, unit, bounds[i], bounds[i + 1]) for i in range(count)]
+    count = max(1, -(-size // target)) if byte_ranges else 1
+    bounds: list[int | None] = [size * i // count for i in range(count)] + [None]
+    return [
+        ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i] or 0, end=bounds[i + 1])
+        for i in range(count)
+    ]
 
 
 def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
@@ -364,7 +365,7 @@ def _raw_text(text: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class _Line:
     offset: int  # of the line's first byte
-    data: bytes  # without the newline; only the first RAW_CAP_BYTES when too_long
+    data: bytes  # without the newline; when too_long, a prefix of at most RAW_CAP_BYTES
     size: int  # full length without the newline
     blank: bool  # empty or ASCII whitespace only
     too_long: bool
@@ -380,10 +381,12 @@ def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterat
     size = 0
     blank = True
     start = cursor.position = offset
-    while block := stream.read(_BLOCK):
-        if start == 0 and size == 0 and block.startswith(_BOM):
-            block = block[len(_BOM) :]
-            start = cursor.position = len(_BOM)
+    while block := stream.read1(_BLOCK):  # read1: a later failure keeps what came before
+        if start == 0 and size == 0:  # the first block: look for a BOM, however it was cut
+            block += stream.read(max(0, len(_BOM) - len(block)))
+            if block.startswith(_BOM):
+                block = block[len(_BOM) :]
+                start = cursor.position = len(_BOM)
         pos = 0
         while True:
             newline = block.find(b"\n", pos)
@@ -501,12 +504,12 @@ def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
                 continue
             value = _text_value(shard, line, limit)
             if isinstance(value, str):
-                value = Record(shard.path, line.offset, shard.input_index, value.rstrip("\r"))
+                value = Record(shard.path, line.offset, shard.input_index, value=value.rstrip("\r"))
             yield value, line.size + 1
 
 
 class _Paragraph:
-    """Consecutive non-blank lines, held only while they fit in ``limit`` bytes."""
+    """Consecutive non-blank lines; once past ``limit`` bytes, later lines are not kept."""
 
     def __init__(self, first: _Line, limit: int) -> None:
         self.offset = first.offset
@@ -518,12 +521,9 @@ class _Paragraph:
 
     def add(self, line: _Line) -> None:
         self.size = line.offset + line.size - self.offset
-        if self.too_long:
-            return
-        self._lines.append(line.data.removesuffix(b"\r"))
-        if line.too_long or self.size > self._limit:
-            self.too_long = True
-            self._lines = [b"\n".join(self._lines)[:RAW_CAP_BYTES]]
+        if not self.too_long:
+            self._lines.append(line.data.removesuffix(b"\r"))
+            self.too_long = line.too_long or self.size > self._limit
 
     def record(self, shard: ShardSpec) -> Record:
         data = b"\n".join(self._lines)

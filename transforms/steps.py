@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from transforms.records import Rejection
 
 PARTS = "parts"
 STATS = "stats"
+TAILS = "tails"
 METRICS_NAMESPACE = "beam_pipeline"
 
 REJECTED_SCHEMA = pa.schema([
@@ -87,3 +89,39 @@ class ChunkStep(beam.DoFn):
 def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str):
     """Applies a step and returns its tagged outputs (``main`` plus any extra tags)."""
     return pcoll | label >> beam.ParDo(step).with_outputs(PARTS, STATS, *tags, main="main")
+
+
+@dataclasses.dataclass(frozen=True)
+class TailGroup:
+    """Leftovers of several chunks (block tails, under-filled packs), in chunk order."""
+
+    chunk_id: str
+    items: tuple
+
+
+def tail_bucket(chunk_id: str, buckets: int) -> int:
+    """A stable bucket for a chunk's leftovers (hashlib, so every process agrees)."""
+    digest = hashlib.sha256(chunk_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % buckets
+
+
+class GatherTails(beam.PTransform):
+    """Groups ``(chunk_id, leftover)`` pairs into a bounded number of ordered ``TailGroup``s.
+
+    Only leftovers move (at most a block or a few packs per chunk), so this shuffle stays small;
+    sorting by chunk id inside each group keeps the result independent of arrival order.
+    """
+
+    def __init__(self, buckets: int):
+        super().__init__()
+        self.buckets = buckets
+
+    def expand(self, tails):
+        buckets = self.buckets
+        return (
+            tails
+            | "Bucket" >> beam.Map(lambda tail: (tail_bucket(tail[0], buckets), tail))
+            | "Group" >> beam.GroupByKey()
+            | "Order" >> beam.MapTuple(lambda bucket, group: TailGroup(
+                f"~tails-{bucket:05d}", tuple(item for _, item in sorted(
+                    group, key=lambda tail: tail[0])))))

@@ -187,6 +187,7 @@ def _materialise(target: str, populate: Callable[[str], None]) -> str:
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by the machine's users
     try:
         populate(tmp)
         with open(os.path.join(tmp, _COMPLETE_MARKER), "w") as f:

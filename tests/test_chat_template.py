@@ -1,0 +1,450 @@
+"""Tests for transforms.chat_template: the loss mask is the training signal, so it is checked
+against transformers' own ``{% generation %}`` mask on four template families, by decoding the
+trained spans of real conversations, and on the options and failure paths.
+
+Each family has a plain template (what stock templates look like: no markers) and a ``.generation``
+variant that differs only by ``{% generation %}...{% endgeneration %}`` around what must be
+trained: the assistant content, its tool calls and its end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import time
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import SHARED_DATA
+from transforms.adapters import AdaptError, Conversation, to_conversation
+from transforms.chat_template import (
+    IGNORE_INDEX,
+    TEMPLATE_NOT_PREFIX_STABLE,
+    EncodedExample,
+    MaskOptions,
+    RenderError,
+    encode_conversations,
+)
+from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+FAMILIES = ("chatml", "llama3", "mistral", "gemma")
+# Control tokens each family's template writes; added as special tokens to a copy of the Qwen
+# tokenizer so that, as in the real tokenizers, each is one token. ChatML's are already there.
+SPECIAL_TOKENS = {
+    "chatml": [],
+    "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "mistral": [
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_CALLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+    ],
+    "gemma": ["<bos>", "<start_of_turn>", "<end_of_turn>"],
+}
+END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>", "gemma": "<end_of_turn>"}
+
+SWEEP_FILES = [
+    *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
+    *sorted(f"instruction/{p.name}" for p in (SHARED_DATA / "instruction").iterdir()),
+    *sorted(f"math/{p.name}" for p in (SHARED_DATA / "math").glob("gsm8k_*.jsonl")),
+]
+# Files whose rows are not in any instruction format (utterance logs, seed tasks with instances).
+NOT_ADAPTABLE = {"chat/taskmaster4_coffee_data_07.json", "instruction/stanford_alpaca_seed_tasks.jsonl"}
+SAMPLE_PER_FILE = 200
+DEFAULT = MaskOptions()
+
+
+def template(family: str, marked: bool = False) -> str:
+    return (TEMPLATES / f"{family}{'.generation' if marked else ''}.jinja").read_text()
+
+
+@pytest.fixture(scope="module")
+def toks(qwen_tokenizer) -> dict:
+    """One tokenizer per family (copies: the loaded tokenizer is shared and read-only)."""
+    result = {}
+    for family in FAMILIES:
+        tok = copy.deepcopy(qwen_tokenizer)
+        tok.add_tokens(SPECIAL_TOKENS[family], special_tokens=True)
+        tok.chat_template = template(family)
+        result[family] = tok
+    return result
+
+
+@functools.cache
+def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
+    """The file's conversations that adapt cleanly, and how many rows did not."""
+    path = SHARED_DATA / relative
+    text = path.read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else json.loads(text)
+    if path.name.startswith("gsm8k"):
+        rows = [{"prompt": r["question"], "response": r["answer"]} for r in rows]
+    conversations, failed = [], 0
+    for row in rows:
+        try:
+            conversations.append(to_conversation(row))
+        except AdaptError:
+            failed += 1
+    return tuple(conversations), failed
+
+
+def sample(conversations: tuple[Conversation, ...], n: int) -> list[Conversation]:
+    """Every k-th conversation: deterministic and spread over the whole file."""
+    step = max(1, len(conversations) // n)
+    return list(conversations[::step][:n])
+
+
+def reference(tok, family: str, conversation: Conversation) -> tuple[np.ndarray, np.ndarray] | str:
+    """transformers' input_ids and assistant mask from the marked template, or the error name."""
+    try:
+        out = tok.apply_chat_template(
+            list(conversation.messages),
+            tools=list(conversation.tools) if conversation.tools else None,
+            chat_template=template(family, marked=True),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+    except Exception as e:
+        return type(e).__name__
+    return np.asarray(out["input_ids"]), np.asarray(out["assistant_masks"], dtype=bool)
+
+
+def segments(labels: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs [start, stop) of trained positions."""
+    trained = np.concatenate([[False], labels != IGNORE_INDEX, [False]])
+    edges = np.flatnonzero(np.diff(trained.astype(np.int8)))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+def decode(tok, ids: np.ndarray) -> str:
+    return tok.decode(ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def rendered_turn(family: str, message: dict, end_of_turn: bool = True) -> str:
+    """What each family's template writes for an assistant message after its header."""
+    content, calls = message["content"], message.get("tool_calls") or []
+    functions = [c["function"] for c in calls]
+
+    def dumps(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    if family == "chatml":
+        text = content + "".join(
+            ("\n" if content or k else "")
+            + f'<tool_call>\n{{"name": "{f["name"]}", "arguments": {dumps(f["arguments"])}}}\n</tool_call>'
+            for k, f in enumerate(functions)
+        )
+    elif family == "llama3":
+        text = content + "".join(
+            f'{{"name": "{f["name"]}", "parameters": {dumps(f["arguments"])}}}' for f in functions
+        )
+    elif family == "mistral":
+        text = content + (f"[TOOL_CALLS]{dumps(functions)}" if functions else "")
+    else:
+        text = content + "".join(f"```tool_call\n{dumps(f)}\n```" for f in functions)
+    return unicodedata.normalize("NFC", text) + (END_OF_TURN[family] if end_of_turn else "")
+
+
+def mismatches(tok, family: str, conversations: list[Conversation]) -> list[str]:
+    """Conversations where our ids or mask differ from transformers' marked-template mask."""
+    problems = []
+    results = encode_conversations(tok, conversations, DEFAULT)
+    for n, (conversation, ours) in enumerate(zip(conversations, results, strict=True)):
+        theirs = reference(tok, family, conversation)
+        if isinstance(theirs, str):
+            if not (isinstance(ours, RenderError) and ours.reason == TEMPLATE_ERROR):
+                problems.append(f"#{n}: transformers raised {theirs}, we gave {ours!r:.200}")
+            continue
+        ids, mask = theirs
+        if isinstance(ours, RenderError):
+            if not (ours.reason == NO_TRAINED_TOKENS and not mask.any()):
+                problems.append(f"#{n}: {ours.reason}: {ours.message:.200}")
+            continue
+        if not np.array_equal(ours.input_ids, ids):
+            problems.append(f"#{n}: input_ids differ")
+        elif not np.array_equal(ours.labels != IGNORE_INDEX, mask):
+            diff = np.flatnonzero((ours.labels != IGNORE_INDEX) != mask)
+            problems.append(f"#{n}: mask differs at {diff[:10].tolist()}")
+    return problems
+
+
+def sweep(toks, family: str, per_file: int | None) -> None:
+    tok, total, problems = toks[family], 0, []
+    for relative in SWEEP_FILES:
+        conversations, failed = adapted(relative)
+        if relative in NOT_ADAPTABLE:
+            assert not conversations, relative
+            continue
+        assert conversations and not failed, relative
+        chosen = sample(conversations, per_file) if per_file else list(conversations)
+        total += len(chosen)
+        problems += [f"{relative} {p}" for p in mismatches(tok, family, chosen)]
+    assert not problems, f"{len(problems)} of {total} differ:\n" + "\n".join(problems[:20])
+    assert total > (1500 if per_file else 12000)
+
+
+# --- the templates themselves -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_marked_variant_differs_only_by_generation_tags(family):
+    marked = template(family, marked=True)
+    assert marked.count("{% generation %}") == marked.count("{% endgeneration %}") == 1
+    stripped = marked.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    assert stripped == template(family)
+
+
+# --- equality with transformers' generation-marker mask -----------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mask_equals_generation_markers_on_sample(toks, family):
+    sweep(toks, family, SAMPLE_PER_FILE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mask_equals_generation_markers_on_every_conversation(toks, family):
+    sweep(toks, family, None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mask_equals_generation_markers_on_generated_text(toks, data):
+    """Adversarial text: whitespace at both ends, newlines, CJK, emoji, control-token strings."""
+    pieces = st.sampled_from(
+        [" ", "  ", "\n", "\n\n", "\t", "a", "Hi", "1", "23", "é", "e\u0301", "中文", "🙂", ".", "'s",
+         "<|im_end|>", "</s>", "[INST]", "{", "}", '"', "\\"]
+    )  # fmt: skip
+    text = st.lists(pieces, max_size=8).map("".join)
+    nonblank = text.filter(lambda s: s.strip())
+    n_turns = data.draw(st.integers(1, 3))
+    messages = []
+    if data.draw(st.booleans()):
+        messages.append({"role": "system", "content": data.draw(text)})
+    for _ in range(n_turns):
+        messages.append({"role": "user", "content": data.draw(text)})
+        messages.append({"role": "assistant", "content": data.draw(nonblank)})
+    family = data.draw(st.sampled_from(FAMILIES))
+    assert mismatches(toks[family], family, [Conversation(tuple(messages))]) == []
+
+
+# --- decoding the trained spans of real conversations -------------------------------------------
+
+DECODE_FILES = [
+    "chat/fastchat_dummy_conversation.json",
+    "chat/glaive_toolcall_en_demo.json",
+    "chat/glaive_toolcall_zh_demo.json",
+    "chat/kto_en_demo_messages.json",
+    "instruction/alpaca_en_demo.json",
+    "instruction/alpaca_zh_demo.json",
+    "math/gsm8k_test.jsonl",
+]
+
+
+def decode_corpus() -> list[Conversation]:
+    return [c for relative in DECODE_FILES for c in sample(adapted(relative)[0], 60)]
+
+
+@pytest.mark.parametrize("end_of_turn", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trained_spans_decode_to_exactly_the_assistant_turns(toks, family, end_of_turn):
+    tok, conversations = toks[family], decode_corpus()
+    results = encode_conversations(tok, conversations, MaskOptions(train_end_of_turn=end_of_turn))
+    turns = 0
+    for n, (conversation, result) in enumerate(zip(conversations, results, strict=True)):
+        assert isinstance(result, EncodedExample), (n, result)
+        expected = [
+            rendered_turn(family, m, end_of_turn)
+            for m in conversation.messages
+            if m["role"] == "assistant"
+        ]
+        found = [decode(tok, result.input_ids[a:b]) for a, b in segments(result.labels)]
+        assert found == expected, n
+        turns += len(expected)
+    assert len(conversations) > 350 and turns > 700
+
+
+def test_default_tokenizer_template_trains_the_assistant_turns(qwen_tokenizer):
+    """The production default (the loaded tokenizer's own ChatML template) masks correctly too."""
+    conversations = decode_corpus()
+    results = encode_conversations(qwen_tokenizer, conversations, DEFAULT)
+    for n, (conversation, result) in enumerate(zip(conversations, results, strict=True)):
+        assert isinstance(result, EncodedExample), (n, result)
+        expected = [rendered_turn("chatml", m) for m in conversation.messages if m["role"] == "assistant"]
+        found = [decode(qwen_tokenizer, result.input_ids[a:b]) for a, b in segments(result.labels)]
+        assert found == expected, n
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+def multi_turn() -> list[Conversation]:
+    return [
+        c
+        for relative in ("chat/fastchat_dummy_conversation.json", "chat/glaive_toolcall_en_demo.json")
+        for c in sample(adapted(relative)[0], 80)
+    ]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_last_turn_only_trains_exactly_the_final_assistant_turn(toks, family):
+    tok, conversations = toks[family], multi_turn()
+    every = encode_conversations(tok, conversations, DEFAULT)
+    last = encode_conversations(tok, conversations, MaskOptions(last_turn_only=True))
+    several = 0
+    for full, final in zip(every, last, strict=True):
+        assert np.array_equal(full.input_ids, final.input_ids)
+        spans = segments(full.labels)
+        several += len(spans) > 1
+        a, b = spans[-1]
+        expected = np.full_like(full.labels, IGNORE_INDEX)
+        expected[a:b] = full.labels[a:b]
+        assert np.array_equal(final.labels, expected)
+    assert several > 100
+
+
+@pytest.mark.parametrize("last_turn_only", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_end_of_turn_removes_exactly_the_end_of_turn_tokens(toks, family, last_turn_only):
+    tok, conversations = toks[family], multi_turn()
+    eot = tok.convert_tokens_to_ids(END_OF_TURN[family])
+    with_eot = encode_conversations(tok, conversations, MaskOptions(last_turn_only))
+    without = encode_conversations(tok, conversations, MaskOptions(last_turn_only, False))
+    for full, trimmed in zip(with_eot, without, strict=True):
+        assert np.array_equal(full.input_ids, trimmed.input_ids)
+        removed = (full.labels != IGNORE_INDEX) & (trimmed.labels == IGNORE_INDEX)
+        assert np.array_equal(np.flatnonzero(removed), [b - 1 for _, b in segments(full.labels)])
+        assert (full.input_ids[removed] == eot).all()
+        assert np.array_equal(trimmed.labels[~removed], full.labels[~removed])
+
+
+def test_system_prompt_is_added_only_when_missing(toks):
+    tok = toks["chatml"]
+    bare = Conversation(({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}))
+    own = Conversation(({"role": "system", "content": "Mine."}, *bare.messages))
+    added, kept = encode_conversations(tok, [bare, own], DEFAULT, system_prompt="Be kind.")
+    (plain,) = encode_conversations(tok, [bare], DEFAULT)
+    assert decode(tok, added.input_ids).startswith("<|im_start|>system\nBe kind.<|im_end|>\n")
+    assert "Be kind." not in decode(tok, kept.input_ids)
+    assert "<|im_start|>system" not in decode(tok, plain.input_ids)
+    for result in (added, kept, plain):
+        found = [decode(tok, result.input_ids[a:b]) for a, b in segments(result.labels)]
+        assert found == ["Yo<|im_end|>"]
+
+
+def test_tools_reach_the_template_and_results_are_not_trained(toks):
+    tok = toks["chatml"]
+    conversation = next(c for c in adapted("chat/glaive_toolcall_en_demo.json")[0] if c.tools)
+    (result,) = encode_conversations(tok, [conversation], DEFAULT)
+    text = decode(tok, result.input_ids)
+    assert json.dumps(conversation.tools[0], ensure_ascii=False) in text
+    trained = "".join(decode(tok, result.input_ids[a:b]) for a, b in segments(result.labels))
+    for message in conversation.messages:
+        if message["role"] == "tool":
+            assert message["content"] not in trained
+
+
+def test_outputs_are_int32_and_labels_copy_the_trained_ids(toks):
+    conversations = sample(adapted("chat/glaive_toolcall_zh_demo.json")[0], 50)
+    for result in encode_conversations(toks["gemma"], conversations, DEFAULT):
+        assert result.input_ids.dtype == np.int32 and result.labels.dtype == np.int32
+        assert result.input_ids.shape == result.labels.shape
+        trained = result.labels != IGNORE_INDEX
+        assert np.array_equal(result.labels[trained], result.input_ids[trained])
+
+
+# --- records that yield no example --------------------------------------------------------------
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_trained_tokens(toks, family):
+    cases = [
+        Conversation((user("Hi"),)),
+        Conversation((user("Hi"), assistant(""))),
+        Conversation((user("Hi"), assistant(" \n "), user("Again"), assistant(""))),
+        Conversation((user("Hi"), assistant("Hello")), None),  # control: trains
+    ]
+    results = encode_conversations(toks[family], cases, DEFAULT)
+    assert [r.reason for r in results[:3]] == [NO_TRAINED_TOKENS] * 3
+    assert isinstance(results[3], EncodedExample)
+    last_empty = Conversation((user("Hi"), assistant("Hello"), user("More"), assistant("")))
+    (result,) = encode_conversations(toks[family], [last_empty], MaskOptions(last_turn_only=True))
+    assert result.reason == NO_TRAINED_TOKENS
+
+
+def test_empty_assistant_turns_are_not_trained(toks):
+    """Unlike a generation block, an empty turn does not train its lone end-of-turn token."""
+    tok = toks["chatml"]
+    conversation = Conversation((user("a"), assistant(""), user("b"), assistant("B")))
+    (result,) = encode_conversations(tok, [conversation], DEFAULT)
+    found = [decode(tok, result.input_ids[a:b]) for a, b in segments(result.labels)]
+    assert found == ["B<|im_end|>"]
+
+
+def test_empty_batch(toks):
+    assert encode_conversations(toks["chatml"], [], DEFAULT) == []
+
+
+def test_template_error_is_reported_per_conversation(toks):
+    tok = copy.deepcopy(toks["chatml"])
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.content == 'boom' %}"
+        "{{ raise_exception('cannot render boom') }}{% endif %}"
+        "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    good = Conversation((user("Hi"), assistant("Hello")))
+    bad = Conversation((user("boom"), assistant("Hello")))
+    first, second, third = encode_conversations(tok, [good, bad, good], DEFAULT)
+    assert isinstance(second, RenderError) and second.reason == TEMPLATE_ERROR
+    assert "cannot render boom" in second.message
+    assert isinstance(first, EncodedExample) and np.array_equal(first.labels, third.labels)
+
+
+def test_template_that_rewrites_history_is_rejected(toks):
+    """Like templates that drop reasoning from earlier turns: the last turn renders differently."""
+    tok = copy.deepcopy(toks["chatml"])
+    tok.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+        "{% if m.role == 'assistant' and not loop.last %}{{ '(earlier) ' }}{% endif %}"
+        "{{ m.content + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    two_turns = Conversation((user("a"), assistant("A"), user("b"), assistant("B")))
+    (result,) = encode_conversations(tok, [two_turns], DEFAULT)
+    assert isinstance(result, RenderError) and result.reason == TEMPLATE_NOT_PREFIX_STABLE
+    # Only the final turn is then well defined, and that is what last_turn_only trains.
+    (only_last,) = encode_conversations(tok, [two_turns], MaskOptions(last_turn_only=True))
+    found = [decode(tok, only_last.input_ids[a:b]) for a, b in segments(only_last.labels)]
+    assert found == ["B<|im_end|>"]
+
+
+def test_speed_on_alpaca(toks):
+    """A loose floor that catches accidental per-token Python work; the report has the numbers."""
+    conversations = list(adapted("instruction/alpaca_en_demo.json")[0])
+    start = time.perf_counter()
+    results = encode_conversations(toks["chatml"], conversations, DEFAULT)
+    rate = len(conversations) / (time.perf_counter() - start)
+    assert all(isinstance(r, EncodedExample) for r in results)
+    assert rate > 300, f"{rate:.0f} conversations/s"

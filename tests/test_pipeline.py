@@ -1,0 +1,201 @@
+"""End to end on the DirectRunner over a mix of the shared datasets.
+
+One run per configuration is shared by the tests below (module-scoped fixtures), which read
+the outputs back the way a training loader would and check them against independent
+references: the tokenizer's own decoding, the readers' records and the manifest's arithmetic.
+"""
+
+import json
+import unicodedata
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from beam_pipeline.pipeline import run
+from tests.conftest import EXAMPLES, SHARED_DATA
+from transforms.readers import plan_shards, read_shard
+from transforms.records import InputSpec
+
+INPUTS = [
+    f"{SHARED_DATA}/pretrain/llamafactory_c4_demo.jsonl",
+    f"{SHARED_DATA}/pretrain/llamafactory_wiki_demo.txt#text_unit=line",
+    f"{SHARED_DATA}/instruction/alpaca_en_demo.json",
+    f"{SHARED_DATA}/chat/kto_en_demo_messages.json",
+    f"{SHARED_DATA}/chat/fastchat_dummy_conversation.json",
+    f"{SHARED_DATA}/math/gsm8k_test.jsonl#branch=instruction;prompt=question;response=answer",
+    f"{EXAMPLES}/broken_lines.jsonl",
+]
+KNOWLEDGE_INPUTS = INPUTS[:2] + INPUTS[-1:]
+INT32_LIST = pa.list_(pa.int32())
+BLOCK_SIZE = 1024
+SEQ_LEN = 2048
+
+
+def run_pipeline(output, *extra: str) -> dict:
+    args = [f"--input={value}" for value in INPUTS]
+    args += [f"--output={output}", f"--block_size={BLOCK_SIZE}", f"--seq_len={SEQ_LEN}",
+             "--num_shards=3", "--chunk_records=500", *extra]
+    run(args)
+    return json.loads((output / "manifest.json").read_text())
+
+
+def read_kind(output, kind: str) -> pa.Table:
+    files = sorted((output / kind).glob("*.parquet"))
+    return pa.concat_tables(pq.read_table(f) for f in files)
+
+
+@pytest.fixture(scope="module")
+def in_memory(tmp_path_factory):
+    output = tmp_path_factory.mktemp("in_memory")
+    return output, run_pipeline(output, "--direct_running_mode=in_memory")
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    output = tmp_path_factory.mktemp("padded")
+    return output, run_pipeline(output, "--remainder=pad")
+
+
+def test_manifest_accounts_for_every_record(in_memory):
+    output, manifest = in_memory
+    records = manifest["records"]
+    assert records["read"] == 300 + 30 + 999 + 300 + 500 + 1319 + 7
+    assert records["balanced"] is True
+    assert records["read"] == (records["knowledge"] + records["instruction"]
+                               + sum(records["filtered"].values())
+                               + sum(records["rejected"].values()))
+    assert records["rejected"] == {"malformed_json": 2, "not_an_object": 1, "unclassifiable": 1,
+                                   "wrong_type": 1}
+    assert records["knowledge"] == 300 + 30 + 1
+    rejected = [json.loads(line) for f in sorted((output / "rejected").glob("*.jsonl"))
+                for line in f.read_text().splitlines()]
+    assert sorted(r["reason"] for r in rejected) == sorted(
+        reason for reason, n in records["rejected"].items() for _ in range(n))
+    assert all(r["source"].endswith("broken_lines.jsonl") for r in rejected)
+    lines = (EXAMPLES / "broken_lines.jsonl").read_bytes()
+    for r in rejected:  # a rejected record's position is the byte offset of its line
+        assert lines[r["position"]:].decode().startswith(r["raw"])
+
+
+def test_outputs_are_sharded_zstd_parquet_with_the_contract_schema(in_memory):
+    output, manifest = in_memory
+    for kind, columns in (("pretrain", ["input_ids", "seq_lengths"]),
+                          ("sft", ["input_ids", "labels", "position_ids", "seq_lengths"])):
+        files = sorted((output / kind).glob("*.parquet"))
+        assert [f.name for f in files] == [f"part-{i:05d}-of-00003.parquet" for i in range(3)]
+        for f in files:
+            parquet = pq.ParquetFile(f)
+            assert parquet.schema_arrow == pa.schema([(c, INT32_LIST) for c in columns])
+            assert parquet.metadata.num_rows > 0
+            assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
+        assert sum(f["rows"] for f in manifest["outputs"][kind]) == read_kind(output,
+                                                                              kind).num_rows
+    assert not (output / ".staging").exists()
+
+
+def test_blocks_have_exact_length_and_piece_lengths_sum_to_it(in_memory):
+    output, manifest = in_memory
+    table = read_kind(output, "pretrain")
+    assert table.num_rows == manifest["knowledge"]["blocks"]
+    ids = np.asarray(table.column("input_ids").combine_chunks().values).reshape(-1, BLOCK_SIZE)
+    assert ids.shape[0] == table.num_rows
+    for lengths in table.column("seq_lengths").to_pylist():
+        assert sum(lengths) == BLOCK_SIZE and min(lengths) > 0
+    know = manifest["knowledge"]
+    assert know["tokens"] + know["separator_tokens"] == (
+        know["tokens_out"] + know["remainder_tokens"] - know["pad_tokens"])
+
+
+def _documents_per_input() -> list[list[str]]:
+    """The knowledge documents of each knowledge input, in order, straight from the readers."""
+    per_input = []
+    for value in KNOWLEDGE_INPUTS:
+        path, _, declared = value.partition("#")
+        spec = InputSpec(0, path, text_unit="line" if declared else "file")
+        docs = []
+        for record in (r for s in plan_shards([spec]) for c in read_shard(s) for r in c.records):
+            text = record.value.get("text") if isinstance(record.value, dict) else record.value
+            if isinstance(text, str):
+                docs.append(unicodedata.normalize("NFC", text))
+        per_input.append(docs)
+    return per_input
+
+
+def test_blocks_are_the_documents_in_order_then_the_joined_leftovers(padded, qwen_tokenizer):
+    """Each input (one chunk here) fills whole blocks with its documents, each followed by
+    end-of-text; the tokens left after each chunk's last full block are joined, in input
+    order, into the final blocks, the last one padded. The reference is built from the readers
+    and the tokenizer alone, and decoding it gives back the documents' text."""
+    output, manifest = padded
+    end_of_text = qwen_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    heads, tails = [], []
+    for docs in _documents_per_input():
+        encoded = qwen_tokenizer(docs, add_special_tokens=True, split_special_tokens=True)
+        stream = [t for ids in encoded["input_ids"] for t in [*ids, end_of_text]]
+        assert qwen_tokenizer.decode(stream) == "".join(d + "<|endoftext|>" for d in docs)
+        full = len(stream) // BLOCK_SIZE * BLOCK_SIZE
+        heads += stream[:full]
+        tails += stream[full:]
+    pad = manifest["knowledge"]["pad_tokens"]
+    assert pad == -len(tails) % BLOCK_SIZE
+    expected = heads + tails + [end_of_text] * pad
+    ids = read_kind(output, "pretrain").column("input_ids").combine_chunks().values
+    assert np.asarray(ids).tolist() == expected
+    assert manifest["knowledge"]["remainder_tokens"] == 0
+
+
+def test_sft_rows_respect_seq_len_and_segment_boundaries(in_memory):
+    output, manifest = in_memory
+    table = read_kind(output, "sft")
+    assert table.num_rows == manifest["instruction"]["packs"]
+    total = 0
+    for row in table.to_pylist():
+        lengths = row["seq_lengths"]
+        assert sum(lengths) == len(row["input_ids"]) == len(row["labels"]) <= SEQ_LEN
+        starts = np.cumsum([0, *lengths[:-1]])
+        expected_positions = np.concatenate([np.arange(n) for n in lengths])
+        assert row["position_ids"] == expected_positions.tolist()
+        assert all(row["labels"][s] == -100 for s in starts)
+        total += len(row["input_ids"])
+    inst = manifest["instruction"]
+    assert total == inst["tokens"]
+    assert inst["packing_efficiency"] == pytest.approx(total / (inst["packs"] * SEQ_LEN), 1e-5)
+
+
+def test_only_assistant_turns_carry_loss(in_memory, qwen_tokenizer):
+    output, _ = in_memory
+    table = read_kind(output, "sft")
+    decode = qwen_tokenizer.decode
+    runs = 0
+    for row in table.to_pylist():
+        ids, labels = np.array(row["input_ids"]), np.array(row["labels"])
+        trained = labels != -100
+        assert (labels[trained] == ids[trained]).all()
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], trained.astype(int), [0]])))
+        for start, end in zip(edges[::2], edges[1::2], strict=True):
+            # Every trained run is one assistant reply: it follows the assistant header and
+            # ends with the end-of-turn token, and holds no other turn's header.
+            assert decode(ids[max(0, start - 3):start].tolist()).endswith(
+                "<|im_start|>assistant\n")
+            span = decode(ids[start:end].tolist())
+            assert span.endswith("<|im_end|>")
+            assert "<|im_start|>" not in span
+            runs += 1
+    assert runs >= 999 + 1319
+
+
+def test_multi_processing_writes_the_same_rows(in_memory, tmp_path):
+    output, manifest = in_memory
+    other = tmp_path / "multi"
+    other_manifest = run_pipeline(other, "--direct_running_mode=multi_processing",
+                                  "--direct_num_workers=2")
+    assert other_manifest["records"] == manifest["records"]
+    for kind in ("pretrain", "sft"):
+        for mine, theirs in zip(sorted((output / kind).glob("*")), sorted((other / kind).glob("*")),
+                                strict=True):
+            assert pq.read_table(mine).equals(pq.read_table(theirs)), mine.name
+    for mine, theirs in zip(sorted((output / "rejected").glob("*")),
+                            sorted((other / "rejected").glob("*")), strict=True):
+        assert mine.read_text() == theirs.read_text()
