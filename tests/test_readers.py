@@ -628,7 +628,7 @@ def test_text_bad_lines_and_paragraphs(tmp_path):
     assert errors(paragraphs) == [(0, INVALID_UTF8), (18, RECORD_TOO_LARGE)]
     assert [r.value for r in paragraphs if not r.error] == ["fine"]
     assert paragraphs[0].raw == "good\nbad \ufffd"
-    assert paragraphs[1].raw == "z" * 300 + "...[truncated]"
+    assert paragraphs[2].raw == "z" * 300 + "...[truncated]"
     (whole,) = read_all(path)
     assert (whole.error[0], whole.raw[:4]) == (INVALID_UTF8, "good")
     (big,) = read_all(path, max_record_bytes=100)
