@@ -1,7 +1,7 @@
-"""Command-line options: the pipeline's own, validated before any work starts, plus Beam's.
+"""Command-line options: the pipeline's general ones, validated before any work starts.
 
-Every option takes a value (``--name=value``) so that a Dataflow Flex Template, whose parameters
-are plain strings, can pass each one unchanged.
+Each branch declares its own options beside its transforms (``KnowledgeOptions``,
+``InstructionOptions``); Beam's options are parsed beside them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from transforms.instruction import InstructionConfig
+from transforms.knowledge import KnowledgeConfig
+from transforms.option_types import boolean, non_negative_int, positive_int
 from transforms.readers import parse_input_spec, split_input_values
 from transforms.records import InputSpec
 from transforms.tokenizer import DEFAULT_TOKENIZER
@@ -36,34 +39,6 @@ file splits into documents; default file), name=SOURCE, and field mappings
 CANONICAL=FIELD (e.g. 'gsm8k.jsonl#branch=instruction;prompt=question;response=answer')."""
 
 
-def _int_at_least(minimum: int):
-    """An argparse type for integers >= minimum, so bad values fail before any work."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 class PrepOptions(PipelineOptions):
     """The pipeline's own options; Beam's (runner, project, ...) are parsed beside them."""
 
@@ -80,50 +55,24 @@ class PrepOptions(PipelineOptions):
             f"Hugging Face hub id, or '{DEFAULT_TOKENIZER}' (default: a Qwen2-compatible "
             "tokenizer built offline and cached on disk).")
         group.add_argument(
-            "--block_size", type=_positive_int, default=2048,
-            help="Tokens per pretraining block (default 2048).")
-        group.add_argument(
-            "--seq_len", type=_positive_int, default=2048,
-            help="Maximum tokens per packed SFT sequence (default 2048).")
-        group.add_argument(
-            "--chat_template", default=None,
-            help="Path (local or gs://) to a Jinja chat template that overrides the tokenizer's.")
-        group.add_argument(
-            "--system_prompt", default=None,
-            help="System message added to conversations that have none.")
-        group.add_argument(
-            "--assistant_turns", choices=("all", "last"), default="all",
-            help="Which assistant turns carry loss: all of them (default) or only the last.")
-        group.add_argument(
-            "--train_end_of_turn", type=_bool, default=True,
-            help="Whether the end-of-turn token after each trained assistant turn carries loss "
-            "(default true).")
-        group.add_argument(
-            "--max_segments_per_pack", type=_non_negative_int, default=0,
-            help="Cap on examples per packed sequence; 0 means no cap (default).")
-        group.add_argument(
-            "--remainder", choices=("drop", "pad"), default="drop",
-            help="What happens to the tokens left over after the last full block of a chunk: "
-            "drop them (default) or pad the block; the manifest reports the cost either way.")
-        group.add_argument(
-            "--num_shards", type=_non_negative_int, default=0,
+            "--num_shards", type=non_negative_int, default=0,
             help="Parquet files per output branch; 0 (default) picks the count from "
             "--target_shard_mb.")
         group.add_argument(
-            "--target_shard_mb", type=_positive_int, default=256,
+            "--target_shard_mb", type=positive_int, default=256,
             help="Target size of one output file when --num_shards is 0 (default 256).")
         group.add_argument(
-            "--row_group_rows", type=_positive_int, default=1024,
+            "--row_group_rows", type=positive_int, default=1024,
             help="Rows per Parquet row group, the unit a streaming reader loads (default 1024).")
         group.add_argument(
-            "--chunk_records", type=_positive_int, default=4096,
+            "--chunk_records", type=positive_int, default=4096,
             help="Records per processing chunk: the bounded, deterministic group within which "
             "documents are concatenated and examples packed (default 4096).")
         group.add_argument(
-            "--max_record_mb", type=_positive_int, default=16,
+            "--max_record_mb", type=positive_int, default=16,
             help="Records larger than this are rejected as record_too_large (default 16).")
         group.add_argument(
-            "--overwrite", type=_bool, default=False,
+            "--overwrite", type=boolean, default=False,
             help="Replace the outputs of an earlier run in --output (default false: refuse).")
 
 
@@ -134,14 +83,8 @@ class PrepConfig:
     inputs: tuple[InputSpec, ...]
     output: str
     tokenizer: str
-    block_size: int
-    seq_len: int
-    chat_template: str | None
-    system_prompt: str | None
-    assistant_turns: str
-    train_end_of_turn: bool
-    max_segments_per_pack: int
-    remainder: str
+    knowledge: KnowledgeConfig
+    instruction: InstructionConfig
     num_shards: int
     target_shard_mb: int
     row_group_rows: int
@@ -150,9 +93,7 @@ class PrepConfig:
     overwrite: bool
 
     def as_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["inputs"] = [dataclasses.asdict(spec) for spec in self.inputs]
-        return data
+        return dataclasses.asdict(self)
 
 
 def config_from_options(options: PipelineOptions) -> PrepConfig:
@@ -165,19 +106,12 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
     values = split_input_values(prep.input)
     if not values:
         raise ValueError("--input names no files")
-    specs = tuple(parse_input_spec(i, value) for i, value in enumerate(values))
     return PrepConfig(
-        inputs=specs,
+        inputs=tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
         output=prep.output.rstrip("/"),
         tokenizer=prep.tokenizer,
-        block_size=prep.block_size,
-        seq_len=prep.seq_len,
-        chat_template=prep.chat_template,
-        system_prompt=prep.system_prompt,
-        assistant_turns=prep.assistant_turns,
-        train_end_of_turn=prep.train_end_of_turn,
-        max_segments_per_pack=prep.max_segments_per_pack,
-        remainder=prep.remainder,
+        knowledge=KnowledgeConfig.from_options(options),
+        instruction=InstructionConfig.from_options(options),
         num_shards=prep.num_shards,
         target_shard_mb=prep.target_shard_mb,
         row_group_rows=prep.row_group_rows,

@@ -24,10 +24,10 @@ from beam_pipeline.options import (
     PrepOptions,
     config_from_options,
 )
-from transforms.chat_template import MaskOptions
+from transforms import instruction, knowledge
 from transforms.classify import ClassifyRecords
-from transforms.instruction import InstructionBranch
-from transforms.knowledge import KnowledgeBranch
+from transforms.instruction import InstructionBranch, InstructionOptions
+from transforms.knowledge import KnowledgeBranch, KnowledgeOptions
 from transforms.manifest import read_manifest, sum_counters, summary_lines
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
@@ -38,6 +38,8 @@ from transforms.writers import WriteOutputs, prepare_output_dir
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
+OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions)
+BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP)
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
@@ -52,15 +54,12 @@ def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
     """Read -> classify -> the two branches -> sharded files and manifest.json."""
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
+    buckets = tail_buckets(shards)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.block_size, cfg.remainder, tail_buckets(shards))
+        cfg.tokenizer, cfg.knowledge, buckets)
     instruction_parts, instruction_stats = (
-        routed[INSTRUCTION] | "InstructionBranch" >> InstructionBranch(
-            cfg.tokenizer, cfg.chat_template,
-            MaskOptions(last_turn_only=cfg.assistant_turns == "last",
-                        train_end_of_turn=cfg.train_end_of_turn),
-            cfg.system_prompt, cfg.seq_len, cfg.max_segments_per_pack or None,
-            tail_buckets(shards)))
+        routed[INSTRUCTION]
+        | "InstructionBranch" >> InstructionBranch(cfg.tokenizer, cfg.instruction, buckets))
     parts = (routed[PARTS], knowledge_parts, instruction_parts) | "AllParts" >> beam.Flatten()
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
@@ -77,12 +76,14 @@ def argument_parser() -> argparse.ArgumentParser:
         usage="%(prog)s --input PATTERN [--input PATTERN ...] --output DIR [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser._optionals.title = "Beam options (runner, Dataflow, worker environment, ...)"
-    PrepOptions._add_argparse_args(parser)
+    for cls in OWN_OPTIONS:
+        cls._add_argparse_args(parser)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
-        if cls is not PrepOptions:
+        if cls not in OWN_OPTIONS:
             cls._add_argparse_args(parser)
-    groups = parser._action_groups  # list ours first in --help, ahead of Beam's many options
-    groups.insert(0, groups.pop(groups.index(next(g for g in groups if g.title == PREP_GROUP))))
+    # List our groups first in --help, ahead of Beam's many options.
+    parser._action_groups.sort(key=lambda group: group.title != PREP_GROUP
+                               and group.title not in BRANCH_GROUPS)
     return parser
 
 
@@ -106,7 +107,7 @@ def prepare(argv: Sequence[str]) -> Plan:
     options = PipelineOptions(argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
-    tokenizer = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.chat_template))
+    tokenizer = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template))
     shards = plan_shards(list(cfg.inputs))
     prepare_output_dir(cfg.output, cfg.overwrite)
     return Plan(options, cfg, shards, tokenizer)

@@ -255,7 +255,28 @@ def test_conversation_is_frozen():
 
 # --- every error path ---------------------------------------------------------------------------
 
-CALL = {"type": "function", "function": {"name": "f", "arguments": {}}}
+
+def calls(*tool_calls: object, role: str = "assistant") -> dict:
+    return {"messages": [{"role": role, "content": "", "tool_calls": list(tool_calls)}]}
+
+
+def function(name: object = "f", arguments: object = None) -> dict:
+    return {"function": {"name": name, "arguments": {} if arguments is None else arguments}}
+
+
+def turns(*conversation: object) -> dict:
+    return {"conversations": list(conversation)}
+
+
+def function_call(value: str) -> dict:
+    return turns({"from": "function_call", "value": value})
+
+
+def with_tools(tools: object) -> dict:
+    return {"conversations": [{"from": "human", "value": "hi"}], "tools": tools}
+
+
+BAD_CALL, BAD_TOOLS = adapters.BAD_TOOL_CALL, adapters.BAD_TOOLS
 
 
 @pytest.mark.parametrize(
@@ -273,27 +294,14 @@ CALL = {"type": "function", "function": {"name": "f", "arguments": {}}}
         ({"messages": [{"role": "user"}]}, None, MISSING_FIELD),
         ({"messages": [{"role": "user", "content": None}]}, None, WRONG_TYPE),
         ({"messages": [{"role": "user", "content": ["part"]}]}, None, WRONG_TYPE),
-        ({"messages": [{"role": "user", "content": "", "tool_calls": [CALL]}]}, None, "bad_tool_call"),
-        ({"messages": [{"role": "assistant", "content": "", "tool_calls": "f()"}]}, None, "bad_tool_call"),
-        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]}, None, "bad_tool_call"),
-        (
-            {"messages": [{"role": "assistant", "content": "", "tool_calls": [
-                {"function": {"name": "f", "arguments": "{not json"}}]}]},
-            None,
-            adapters.BAD_TOOL_CALL,
-        ),
-        (
-            {"messages": [{"role": "assistant", "content": "", "tool_calls": [
-                {"function": {"name": "f", "arguments": "[1, 2]"}}]}]},
-            None,
-            adapters.BAD_TOOL_CALL,
-        ),
-        (
-            {"messages": [{"role": "assistant", "content": "", "tool_calls": [
-                {"function": {"name": "", "arguments": {}}}]}]},
-            None,
-            adapters.BAD_TOOL_CALL,
-        ),
+        (calls(function(), role="user"), None, BAD_CALL),
+        ({"messages": [{"role": "assistant", "content": "", "tool_calls": "f()"}]}, None, BAD_CALL),
+        (calls({}), None, BAD_CALL),
+        (calls(function(arguments="{not json")), None, BAD_CALL),
+        (calls(function(arguments="[1, 2]")), None, BAD_CALL),
+        (calls(function(arguments=7)), None, BAD_CALL),
+        (calls(function(name="")), None, BAD_CALL),
+        (calls(function(name=["f"])), None, BAD_CALL),
         (
             {"system": "S", "messages": [{"role": "system", "content": "T"}]},
             None,
@@ -301,20 +309,21 @@ CALL = {"type": "function", "function": {"name": "f", "arguments": {}}}
         ),
         # sharegpt
         ({"conversations": "hi"}, None, WRONG_TYPE),
-        ({"conversations": [["human", "hi"]]}, None, WRONG_TYPE),
-        ({"conversations": [{"value": "hi"}]}, None, MISSING_FIELD),
-        ({"conversations": [{"from": "human"}]}, None, MISSING_FIELD),
-        ({"conversations": [{"from": "human", "value": 3}]}, None, WRONG_TYPE),
-        ({"conversations": [{"from": "narrator", "value": "hi"}]}, None, adapters.UNKNOWN_ROLE),
-        ({"conversations": [{"from": None, "value": "hi"}]}, None, adapters.UNKNOWN_ROLE),
-        ({"conversations": [{"from": "function_call", "value": "f(x)"}]}, None, "bad_tool_call"),
-        ({"conversations": [{"from": "function_call", "value": "[]"}]}, None, "bad_tool_call"),
-        ({"conversations": [{"from": "function_call", "value": '"f"'}]}, None, "bad_tool_call"),
-        ({"conversations": [{"from": "function_call", "value": '{"arguments": {}}'}]}, None, "bad_tool_call"),
-        ({"conversations": [{"from": "human", "value": "hi"}], "tools": "[{"}, None, "bad_tools"),
-        ({"conversations": [{"from": "human", "value": "hi"}], "tools": '{"name": "f"}'}, None, "bad_tools"),
-        ({"conversations": [{"from": "human", "value": "hi"}], "tools": ["f"]}, None, "bad_tools"),
-        ({"conversations": [{"from": "human", "value": "hi"}], "tools": [{"x": 1}]}, None, "bad_tools"),
+        (turns(["human", "hi"]), None, WRONG_TYPE),
+        (turns({"value": "hi"}), None, MISSING_FIELD),
+        (turns({"from": "human"}), None, MISSING_FIELD),
+        (turns({"from": "human", "value": 3}), None, WRONG_TYPE),
+        (turns({"from": "narrator", "value": "hi"}), None, adapters.UNKNOWN_ROLE),
+        (turns({"from": None, "value": "hi"}), None, adapters.UNKNOWN_ROLE),
+        (function_call("f(x)"), None, BAD_CALL),
+        (function_call("[]"), None, BAD_CALL),
+        (function_call('"f"'), None, BAD_CALL),
+        (function_call('{"arguments": {}}'), None, BAD_CALL),
+        (function_call('{"name": "f", "arguments": "not json"}'), None, BAD_CALL),
+        (with_tools("[{"), None, BAD_TOOLS),
+        (with_tools('{"name": "f"}'), None, BAD_TOOLS),
+        (with_tools(["f"]), None, BAD_TOOLS),
+        (with_tools([{"description": "no name"}]), None, BAD_TOOLS),
         # prompt_response / alpaca
         ({"prompt": 1, "response": "r"}, None, WRONG_TYPE),
         ({"prompt": "p", "response": None}, None, MISSING_FIELD),

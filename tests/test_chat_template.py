@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import SHARED_DATA
@@ -53,7 +53,12 @@ SPECIAL_TOKENS = {
     ],
     "gemma": ["<bos>", "<start_of_turn>", "<end_of_turn>"],
 }
-END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>", "gemma": "<end_of_turn>"}
+END_OF_TURN = {
+    "chatml": "<|im_end|>",
+    "llama3": "<|eot_id|>",
+    "mistral": "</s>",
+    "gemma": "<end_of_turn>",
+}
 
 SWEEP_FILES = [
     *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
@@ -61,11 +66,15 @@ SWEEP_FILES = [
     *sorted(f"math/{p.name}" for p in (SHARED_DATA / "math").glob("gsm8k_*.jsonl")),
 ]
 # Files whose rows are not in any instruction format (utterance logs, seed tasks with instances).
-NOT_ADAPTABLE = {"chat/taskmaster4_coffee_data_07.json", "instruction/stanford_alpaca_seed_tasks.jsonl"}
+NOT_ADAPTABLE = {
+    "chat/taskmaster4_coffee_data_07.json",
+    "instruction/stanford_alpaca_seed_tasks.jsonl",
+}
 SAMPLE_PER_FILE = 200
 DEFAULT = MaskOptions()
 
 
+@functools.cache
 def template(family: str, marked: bool = False) -> str:
     return (TEMPLATES / f"{family}{'.generation' if marked else ''}.jinja").read_text()
 
@@ -87,7 +96,11 @@ def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
     """The file's conversations that adapt cleanly, and how many rows did not."""
     path = SHARED_DATA / relative
     text = path.read_text(encoding="utf-8")
-    rows = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else json.loads(text)
+    rows = (
+        [json.loads(line) for line in text.splitlines()]
+        if path.suffix == ".jsonl"
+        else json.loads(text)
+    )
     if path.name.startswith("gsm8k"):
         rows = [{"prompt": r["question"], "response": r["answer"]} for r in rows]
     conversations, failed = [], 0
@@ -143,7 +156,8 @@ def rendered_turn(family: str, message: dict, end_of_turn: bool = True) -> str:
     if family == "chatml":
         text = content + "".join(
             ("\n" if content or k else "")
-            + f'<tool_call>\n{{"name": "{f["name"]}", "arguments": {dumps(f["arguments"])}}}\n</tool_call>'
+            + f'<tool_call>\n{{"name": "{f["name"]}", "arguments": {dumps(f["arguments"])}}}'
+            + "\n</tool_call>"
             for k, f in enumerate(functions)
         )
     elif family == "llama3":
@@ -220,13 +234,13 @@ def test_mask_equals_generation_markers_on_every_conversation(toks, family):
     sweep(toks, family, None)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_mask_equals_generation_markers_on_generated_text(toks, data):
     """Adversarial text: whitespace at both ends, newlines, CJK, emoji, control-token strings."""
     pieces = st.sampled_from(
-        [" ", "  ", "\n", "\n\n", "\t", "a", "Hi", "1", "23", "é", "e\u0301", "中文", "🙂", ".", "'s",
-         "<|im_end|>", "</s>", "[INST]", "{", "}", '"', "\\"]
+        [" ", "  ", "\n", "\n\n", "\t", "a", "Hi", "1", "23", "é", "e\u0301", "中文", "🙂", ".",
+         "'s", "<|im_end|>", "</s>", "[INST]", "{", "}", '"', "\\"]
     )  # fmt: skip
     text = st.lists(pieces, max_size=8).map("".join)
     nonblank = text.filter(lambda s: s.strip())
@@ -283,7 +297,9 @@ def test_default_tokenizer_template_trains_the_assistant_turns(qwen_tokenizer):
     results = encode_conversations(qwen_tokenizer, conversations, DEFAULT)
     for n, (conversation, result) in enumerate(zip(conversations, results, strict=True)):
         assert isinstance(result, EncodedExample), (n, result)
-        expected = [rendered_turn("chatml", m) for m in conversation.messages if m["role"] == "assistant"]
+        expected = [
+            rendered_turn("chatml", m) for m in conversation.messages if m["role"] == "assistant"
+        ]
         found = [decode(qwen_tokenizer, result.input_ids[a:b]) for a, b in segments(result.labels)]
         assert found == expected, n
 
@@ -294,7 +310,10 @@ def test_default_tokenizer_template_trains_the_assistant_turns(qwen_tokenizer):
 def multi_turn() -> list[Conversation]:
     return [
         c
-        for relative in ("chat/fastchat_dummy_conversation.json", "chat/glaive_toolcall_en_demo.json")
+        for relative in (
+            "chat/fastchat_dummy_conversation.json",
+            "chat/glaive_toolcall_en_demo.json",
+        )
         for c in sample(adapted(relative)[0], 80)
     ]
 
@@ -448,3 +467,14 @@ def test_speed_on_alpaca(toks):
     rate = len(conversations) / (time.perf_counter() - start)
     assert all(isinstance(r, EncodedExample) for r in results)
     assert rate > 300, f"{rate:.0f} conversations/s"
+
+
+def test_conversation_opening_with_the_assistant(qwen_tokenizer):
+    """The default template cannot render the empty history before such a turn; a system
+    prompt gives it one."""
+    opening = Conversation((assistant("Welcome!"), user("Hi"), assistant("Hello")))
+    (result,) = encode_conversations(qwen_tokenizer, [opening], DEFAULT)
+    assert result.reason == TEMPLATE_ERROR and "generation prompts" in result.message
+    (result,) = encode_conversations(qwen_tokenizer, [opening], DEFAULT, system_prompt="S")
+    found = [decode(qwen_tokenizer, result.input_ids[a:b]) for a, b in segments(result.labels)]
+    assert found == ["Welcome!<|im_end|>", "Hello<|im_end|>"]

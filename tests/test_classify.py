@@ -33,15 +33,18 @@ def first_element(path: str) -> dict:
         return json.load(handle)[0]
 
 
-@pytest.mark.parametrize(("value", "fmt"), [
-    (first_element("chat/kto_en_demo_messages.json"), "messages"),
-    (first_element("chat/fastchat_dummy_conversation.json"), "sharegpt"),
-    (first_element("chat/glaive_toolcall_en_demo.json"), "sharegpt"),
-    (first_element("instruction/alpaca_en_demo.json"), "alpaca"),
-    ({"prompt": "2+2?", "response": "4"}, "prompt_response"),
-    ({"prompt": "2+2?", "completion": "4"}, "prompt_response"),
-    (first_line("preference/hh_rlhf_harmless_base_test.jsonl"), "transcript"),
-])
+@pytest.mark.parametrize(
+    ("value", "fmt"),
+    [
+        (first_element("chat/kto_en_demo_messages.json"), "messages"),
+        (first_element("chat/fastchat_dummy_conversation.json"), "sharegpt"),
+        (first_element("chat/glaive_toolcall_en_demo.json"), "sharegpt"),
+        (first_element("instruction/alpaca_en_demo.json"), "alpaca"),
+        ({"prompt": "2+2?", "response": "4"}, "prompt_response"),
+        ({"prompt": "2+2?", "completion": "4"}, "prompt_response"),
+        (first_line("preference/hh_rlhf_harmless_base_test.jsonl"), "transcript"),
+    ],
+)
 def test_instruction_formats_are_detected(value, fmt):
     branch, routed = classify(record(value), spec())
     assert (branch, routed.format) == (R.INSTRUCTION, fmt)
@@ -85,14 +88,21 @@ def test_declared_branch_wins_over_detection():
     assert result.reason == R.UNCLASSIFIABLE
 
 
-@pytest.mark.parametrize(("value", "declared", "reason"), [
-    ({"question": "q"}, {"fields": {"prompt": "question", "response": "answer"}}, R.MISSING_FIELD),
-    ({"text": 42}, {}, R.WRONG_TYPE),
-    ({"text": "   \n"}, {}, R.EMPTY_RECORD),
-    ("", {}, R.EMPTY_RECORD),
-    ({"title": "no text"}, {"branch": R.KNOWLEDGE}, R.MISSING_FIELD),
-    ([1, 2, 3], {}, R.NOT_AN_OBJECT),
-])
+@pytest.mark.parametrize(
+    ("value", "declared", "reason"),
+    [
+        (
+            {"question": "q"},
+            {"fields": {"prompt": "question", "response": "answer"}},
+            R.MISSING_FIELD,
+        ),
+        ({"text": 42}, {}, R.WRONG_TYPE),
+        ({"text": "   \n"}, {}, R.EMPTY_RECORD),
+        ("", {}, R.EMPTY_RECORD),
+        ({"title": "no text"}, {"branch": R.KNOWLEDGE}, R.MISSING_FIELD),
+        ([1, 2, 3], {}, R.NOT_AN_OBJECT),
+    ],
+)
 def test_bad_records_are_rejected_with_a_reason(value, declared, reason):
     result = classify(record(value), spec(**declared))
     assert isinstance(result, Rejection)
@@ -100,26 +110,55 @@ def test_bad_records_are_rejected_with_a_reason(value, declared, reason):
 
 
 def test_read_errors_pass_through_with_their_reason_and_raw_text():
-    failed = Record(source="x.jsonl", position=3, input_index=0,
-                    error=(R.MALFORMED_JSON, "Expecting value"), raw="{oops")
+    failed = Record(
+        source="x.jsonl",
+        position=3,
+        input_index=0,
+        error=(R.MALFORMED_JSON, "Expecting value"),
+        raw="{oops",
+    )
     result = classify(failed, spec())
-    assert (result.reason, result.message, result.raw) == (R.MALFORMED_JSON, "Expecting value",
-                                                           "{oops")
+    assert (result.reason, result.message, result.raw) == (
+        R.MALFORMED_JSON,
+        "Expecting value",
+        "{oops",
+    )
 
 
 def test_classify_records_splits_a_chunk_and_counts_every_record():
     values = [{"text": "doc one"}, {"prompt": "p", "response": "r"}, {"nope": 1}, "doc two"]
-    chunk = RecordChunk("c0", tuple(
-        Record(source="x", position=i, input_index=0, value=v) for i, v in enumerate(values)))
+    chunk = RecordChunk(
+        "c0",
+        tuple(Record(source="x", position=i, input_index=0, value=v) for i, v in enumerate(values)),
+    )
     with TestPipeline() as p:
         routed = p | beam.Create([chunk]) | ClassifyRecords([spec()])
-        assert_that(routed[R.KNOWLEDGE] | "K" >> beam.Map(lambda c: [r.value for r in c.records]),
-                    equal_to([["doc one", "doc two"]]), label="knowledge")
-        assert_that(routed[R.INSTRUCTION] | "I" >> beam.Map(lambda c: len(c.records)),
-                    equal_to([1]), label="instruction")
-        assert_that(routed[PARTS] | beam.Map(lambda p: (p.kind, p.table.column("reason")
-                                                        .to_pylist())),
-                    equal_to([("rejected", [R.UNCLASSIFIABLE])]), label="rejected")
-        assert_that(routed[STATS] | beam.Map(dict), equal_to([{
-            "records_read": 4, "knowledge.records_in": 2, "instruction.records_in": 1,
-            "rejected.unclassifiable": 1}]), label="stats")
+        assert_that(
+            routed[R.KNOWLEDGE] | "K" >> beam.Map(lambda c: [r.value for r in c.records]),
+            equal_to([["doc one", "doc two"]]),
+            label="knowledge",
+        )
+        assert_that(
+            routed[R.INSTRUCTION] | "I" >> beam.Map(lambda c: len(c.records)),
+            equal_to([1]),
+            label="instruction",
+        )
+        assert_that(
+            routed[PARTS] | beam.Map(lambda p: (p.kind, p.table.column("reason").to_pylist())),
+            equal_to([("rejected", [R.UNCLASSIFIABLE])]),
+            label="rejected",
+        )
+        assert_that(
+            routed[STATS] | beam.Map(dict),
+            equal_to(
+                [
+                    {
+                        "records_read": 4,
+                        "knowledge.records_in": 2,
+                        "instruction.records_in": 1,
+                        "rejected.unclassifiable": 1,
+                    }
+                ]
+            ),
+            label="stats",
+        )

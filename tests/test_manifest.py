@@ -2,7 +2,7 @@
 
 from transforms.manifest import build_manifest, sum_counters, summary_lines
 
-CONFIG = {"seq_len": 100, "block_size": 8, "remainder": "drop"}
+CONFIG = {"instruction": {"seq_len": 100}, "knowledge": {"block_size": 8, "remainder": "drop"}}
 
 
 def test_counters_sum_across_chunks_and_empty_input_sums_to_nothing():
@@ -11,11 +11,19 @@ def test_counters_sum_across_chunks_and_empty_input_sums_to_nothing():
 
 
 def test_manifest_balances_when_every_record_is_accounted_for():
-    stats = {"records_read": 10, "knowledge.documents": 4, "instruction.examples": 3,
-             "instruction.tokens": 150, "instruction.packs": 2, "filtered.too_long": 1,
-             "rejected.malformed_json": 1, "rejected.unclassifiable": 1}
-    manifest = build_manifest(stats, [{"kind": "sft", "path": "/o/sft/a", "rows": 2}], CONFIG,
-                              {"name": "t"})
+    stats = {
+        "records_read": 10,
+        "knowledge.documents": 4,
+        "instruction.examples": 3,
+        "instruction.tokens": 150,
+        "instruction.packs": 2,
+        "filtered.too_long": 1,
+        "rejected.malformed_json": 1,
+        "rejected.unclassifiable": 1,
+    }
+    manifest = build_manifest(
+        stats, [{"kind": "sft", "path": "/o/sft/a", "rows": 2}], CONFIG, {"name": "t"}
+    )
     records = manifest["records"]
     assert records["accounted"] == 10
     assert records["balanced"] is True

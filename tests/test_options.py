@@ -5,38 +5,61 @@ import sys
 
 import pytest
 
-from beam_pipeline.options import PrepOptions
 from beam_pipeline.pipeline import argument_parser, main, prepare
 from tests.conftest import EXAMPLES, ROOT
+from transforms.instruction import InstructionOptions
 from transforms.records import INSTRUCTION
 
-OWN_OPTIONS = ["--input", "--output", "--tokenizer", "--block_size", "--seq_len",
-               "--chat_template", "--system_prompt", "--assistant_turns", "--train_end_of_turn",
-               "--max_segments_per_pack", "--remainder", "--num_shards", "--target_shard_mb",
-               "--row_group_rows", "--chunk_records", "--max_record_mb", "--overwrite"]
+OWN_OPTIONS = [
+    "--input",
+    "--output",
+    "--tokenizer",
+    "--block_size",
+    "--seq_len",
+    "--chat_template",
+    "--system_prompt",
+    "--assistant_turns",
+    "--train_end_of_turn",
+    "--max_segments_per_pack",
+    "--remainder",
+    "--num_shards",
+    "--target_shard_mb",
+    "--row_group_rows",
+    "--chunk_records",
+    "--max_record_mb",
+    "--overwrite",
+]
 
 
 def test_help_documents_every_option_ours_first_then_beams():
-    result = subprocess.run([sys.executable, "-m", "beam_pipeline", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     text = result.stdout
     for option in OWN_OPTIONS:
         assert option in text, option
     assert text.index("--seq_len") < text.index("--runner") < text.index("--direct_num_workers")
     parser = argument_parser()
-    own = [a for g in parser._action_groups if g.title == "data preparation"
-           for a in g._group_actions]
+    titles = ("data preparation", "knowledge branch", "instruction branch")
+    own = [a for g in parser._action_groups if g.title in titles for a in g._group_actions]
     assert sorted(a.option_strings[0] for a in own) == sorted(OWN_OPTIONS)
     assert all(a.help for a in own)
 
 
-@pytest.mark.parametrize(("argument", "message"), [
-    ("--block_size=0", "--block_size: expected an integer >= 1, got 0"),
-    ("--seq_len=abc", "--seq_len: expected an integer, got 'abc'"),
-    ("--blocksize=5", "unrecognized arguments: --blocksize=5"),
-    ("--remainder=keep", "invalid choice: 'keep'"),
-    ("--train_end_of_turn=maybe", "expected true or false, got 'maybe'"),
-])
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ("--block_size=0", "--block_size: expected an integer >= 1, got 0"),
+        ("--seq_len=abc", "--seq_len: expected an integer, got 'abc'"),
+        ("--blocksize=5", "unrecognized arguments: --blocksize=5"),
+        ("--remainder=keep", "invalid choice: 'keep'"),
+        ("--train_end_of_turn=maybe", "expected true or false, got 'maybe'"),
+    ],
+)
 def test_bad_values_stop_before_any_work(argument, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([f"--input={EXAMPLES}/c4_sample.jsonl", f"--output={tmp_path}/o", argument])
@@ -45,12 +68,15 @@ def test_bad_values_stop_before_any_work(argument, message, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    ([], "--input is required"),
-    (["--input=nope/*.jsonl"], "matches no files"),
-    ([f"--input={EXAMPLES}/c4_sample.jsonl#branch=bogus"], "branch='bogus'"),
-    ([f"--input={EXAMPLES}/c4_sample.jsonl", "--tokenizer=/no/such/dir"], "/no/such/dir"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "--input is required"),
+        (["--input=nope/*.jsonl"], "matches no files"),
+        ([f"--input={EXAMPLES}/c4_sample.jsonl#branch=bogus"], "branch='bogus'"),
+        ([f"--input={EXAMPLES}/c4_sample.jsonl", "--tokenizer=/no/such/dir"], "/no/such/dir"),
+    ],
+)
 def test_invalid_inputs_fail_with_a_message(arguments, message, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*arguments, f"--output={tmp_path}/o"])
@@ -58,17 +84,26 @@ def test_invalid_inputs_fail_with_a_message(arguments, message, tmp_path, capsys
 
 
 def test_inputs_repeat_or_come_comma_separated_with_declarations(tmp_path):
-    plan = prepare([
-        f"--input={EXAMPLES}/c4_sample.jsonl,{EXAMPLES}/gsm8k_sample.jsonl"
-        "#branch=instruction;prompt=question;response=answer",
-        f"--input={EXAMPLES}/alpaca_seed_tasks.json", f"--output={tmp_path}/o",
-        "--train_end_of_turn=false", "--seq_len=4096"])
+    plan = prepare(
+        [
+            f"--input={EXAMPLES}/c4_sample.jsonl,{EXAMPLES}/gsm8k_sample.jsonl"
+            "#branch=instruction;prompt=question;response=answer",
+            f"--input={EXAMPLES}/alpaca_seed_tasks.json",
+            f"--output={tmp_path}/o",
+            "--train_end_of_turn=false",
+            "--seq_len=4096",
+        ]
+    )
     specs = plan.config.inputs
     assert [s.pattern.rsplit("/", 1)[1] for s in specs] == [
-        "c4_sample.jsonl", "gsm8k_sample.jsonl", "alpaca_seed_tasks.json"]
+        "c4_sample.jsonl",
+        "gsm8k_sample.jsonl",
+        "alpaca_seed_tasks.json",
+    ]
     assert specs[1].branch == INSTRUCTION
     assert specs[1].field_map == {"prompt": "question", "response": "answer"}
-    assert plan.config.train_end_of_turn is False and plan.config.seq_len == 4096
-    assert plan.options.view_as(PrepOptions).seq_len == 4096
+    assert plan.config.instruction.train_end_of_turn is False
+    assert plan.config.instruction.seq_len == 4096
+    assert plan.options.view_as(InstructionOptions).seq_len == 4096
     assert plan.tokenizer["name"] == "qwen2-offline"
     assert len(plan.shards) == 3

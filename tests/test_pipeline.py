@@ -35,8 +35,14 @@ SEQ_LEN = 2048
 
 def run_pipeline(output, *extra: str) -> dict:
     args = [f"--input={value}" for value in INPUTS]
-    args += [f"--output={output}", f"--block_size={BLOCK_SIZE}", f"--seq_len={SEQ_LEN}",
-             "--num_shards=3", "--chunk_records=500", *extra]
+    args += [
+        f"--output={output}",
+        f"--block_size={BLOCK_SIZE}",
+        f"--seq_len={SEQ_LEN}",
+        "--num_shards=3",
+        "--chunk_records=500",
+        *extra,
+    ]
     run(args)
     return json.loads((output / "manifest.json").read_text())
 
@@ -63,26 +69,39 @@ def test_manifest_accounts_for_every_record(in_memory):
     records = manifest["records"]
     assert records["read"] == 300 + 30 + 999 + 300 + 500 + 1319 + 7
     assert records["balanced"] is True
-    assert records["read"] == (records["knowledge"] + records["instruction"]
-                               + sum(records["filtered"].values())
-                               + sum(records["rejected"].values()))
-    assert records["rejected"] == {"malformed_json": 2, "not_an_object": 1, "unclassifiable": 1,
-                                   "wrong_type": 1}
+    assert records["read"] == (
+        records["knowledge"]
+        + records["instruction"]
+        + sum(records["filtered"].values())
+        + sum(records["rejected"].values())
+    )
+    assert records["rejected"] == {
+        "malformed_json": 2,
+        "not_an_object": 1,
+        "unclassifiable": 1,
+        "wrong_type": 1,
+    }
     assert records["knowledge"] == 300 + 30 + 1
-    rejected = [json.loads(line) for f in sorted((output / "rejected").glob("*.jsonl"))
-                for line in f.read_text().splitlines()]
+    rejected = [
+        json.loads(line)
+        for f in sorted((output / "rejected").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     assert sorted(r["reason"] for r in rejected) == sorted(
-        reason for reason, n in records["rejected"].items() for _ in range(n))
+        reason for reason, n in records["rejected"].items() for _ in range(n)
+    )
     assert all(r["source"].endswith("broken_lines.jsonl") for r in rejected)
     lines = (EXAMPLES / "broken_lines.jsonl").read_bytes()
     for r in rejected:  # a rejected record's position is the byte offset of its line
-        assert lines[r["position"]:].decode().startswith(r["raw"])
+        assert lines[r["position"] :].decode().startswith(r["raw"])
 
 
 def test_outputs_are_sharded_zstd_parquet_with_the_contract_schema(in_memory):
     output, manifest = in_memory
-    for kind, columns in (("pretrain", ["input_ids", "seq_lengths"]),
-                          ("sft", ["input_ids", "labels", "position_ids", "seq_lengths"])):
+    for kind, columns in (
+        ("pretrain", ["input_ids", "seq_lengths"]),
+        ("sft", ["input_ids", "labels", "position_ids", "seq_lengths"]),
+    ):
         files = sorted((output / kind).glob("*.parquet"))
         assert [f.name for f in files] == [f"part-{i:05d}-of-00003.parquet" for i in range(3)]
         for f in files:
@@ -90,8 +109,7 @@ def test_outputs_are_sharded_zstd_parquet_with_the_contract_schema(in_memory):
             assert parquet.schema_arrow == pa.schema([(c, INT32_LIST) for c in columns])
             assert parquet.metadata.num_rows > 0
             assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
-        assert sum(f["rows"] for f in manifest["outputs"][kind]) == read_kind(output,
-                                                                              kind).num_rows
+        assert sum(f["rows"] for f in manifest["outputs"][kind]) == read_kind(output, kind).num_rows
     assert not (output / ".staging").exists()
 
 
@@ -105,7 +123,8 @@ def test_blocks_have_exact_length_and_piece_lengths_sum_to_it(in_memory):
         assert sum(lengths) == BLOCK_SIZE and min(lengths) > 0
     know = manifest["knowledge"]
     assert know["tokens"] + know["separator_tokens"] == (
-        know["tokens_out"] + know["remainder_tokens"] - know["pad_tokens"])
+        know["tokens_out"] + know["remainder_tokens"] - know["pad_tokens"]
+    )
 
 
 def _documents_per_input() -> list[list[str]]:
@@ -177,8 +196,9 @@ def test_only_assistant_turns_carry_loss(in_memory, qwen_tokenizer):
         for start, end in zip(edges[::2], edges[1::2], strict=True):
             # Every trained run is one assistant reply: it follows the assistant header and
             # ends with the end-of-turn token, and holds no other turn's header.
-            assert decode(ids[max(0, start - 3):start].tolist()).endswith(
-                "<|im_start|>assistant\n")
+            assert decode(ids[max(0, start - 3) : start].tolist()).endswith(
+                "<|im_start|>assistant\n"
+            )
             span = decode(ids[start:end].tolist())
             assert span.endswith("<|im_end|>")
             assert "<|im_start|>" not in span
@@ -189,13 +209,16 @@ def test_only_assistant_turns_carry_loss(in_memory, qwen_tokenizer):
 def test_multi_processing_writes_the_same_rows(in_memory, tmp_path):
     output, manifest = in_memory
     other = tmp_path / "multi"
-    other_manifest = run_pipeline(other, "--direct_running_mode=multi_processing",
-                                  "--direct_num_workers=2")
+    other_manifest = run_pipeline(
+        other, "--direct_running_mode=multi_processing", "--direct_num_workers=2"
+    )
     assert other_manifest["records"] == manifest["records"]
     for kind in ("pretrain", "sft"):
-        for mine, theirs in zip(sorted((output / kind).glob("*")), sorted((other / kind).glob("*")),
-                                strict=True):
+        for mine, theirs in zip(
+            sorted((output / kind).glob("*")), sorted((other / kind).glob("*")), strict=True
+        ):
             assert pq.read_table(mine).equals(pq.read_table(theirs)), mine.name
-    for mine, theirs in zip(sorted((output / "rejected").glob("*")),
-                            sorted((other / "rejected").glob("*")), strict=True):
+    for mine, theirs in zip(
+        sorted((output / "rejected").glob("*")), sorted((other / "rejected").glob("*")), strict=True
+    ):
         assert mine.read_text() == theirs.read_text()

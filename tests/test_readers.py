@@ -623,7 +623,7 @@ def test_text_bad_lines_and_paragraphs(tmp_path):
     assert errors(lines) == [(5, INVALID_UTF8), (18, RECORD_TOO_LARGE)]
     assert [r.value for r in lines if not r.error] == ["good", "fine", "last"]
     assert lines[1].raw == "bad \ufffd"
-    assert lines[2].raw == "z" * 300 + "...[truncated]"
+    assert lines[3].raw == "z" * 300 + "...[truncated]"
     paragraphs = read_all(path + "#text_unit=paragraph", max_record_bytes=100)
     assert errors(paragraphs) == [(0, INVALID_UTF8), (18, RECORD_TOO_LARGE)]
     assert [r.value for r in paragraphs if not r.error] == ["fine"]

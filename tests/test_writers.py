@@ -35,8 +35,7 @@ def test_plan_cuts_rows_in_chunk_order_into_the_requested_shards():
 
 
 def test_every_planned_shard_receives_rows():
-    plans = plan_output_files([staged("pretrain", "c0", 2)], "/out", num_shards=8,
-                              target_bytes=1)
+    plans = plan_output_files([staged("pretrain", "c0", 2)], "/out", num_shards=8, target_bytes=1)
     assert [p.rows for p in plans] == [1, 1]
 
 
@@ -61,8 +60,7 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     assert next(stage.process(Part("pretrain", "c0", "blocks", table))).path == data.path
     writer = WriteOutputFile(row_group_rows=2)
     out = tmp_path / "out"
-    [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"),
-                                       ((data.path, 1, 3),)))
+    [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"), ((data.path, 1, 3),)))
     assert info["rows"] == 2
     written = pq.ParquetFile(out / "a.parquet")
     assert written.read().column("input_ids").to_pylist() == [[3, 4], [5, 6]]
@@ -71,7 +69,8 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     list(writer.process(OutputFile("rejected", str(out / "r.jsonl"), ((bad.path, 0, 1),))))
     lines = (out / "r.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
-        {"source": "a", "position": 3, "reason": "malformed_json"}]
+        {"source": "a", "position": 3, "reason": "malformed_json"}
+    ]
 
 
 def test_existing_outputs_are_refused_unless_overwrite(tmp_path):

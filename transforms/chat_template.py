@@ -133,15 +133,19 @@ def _render(
     tools = list(conversation.tools) if conversation.tools else None
     # Two template calls per conversation: one batch with and one without a generation prompt.
     closed = [messages[: i + 1] for i in turns if i + 1 < len(messages)]
+    stage = "the conversation"
     try:
         full, *turn_texts = tok.apply_chat_template(
             [messages, *closed], tools=tools, tokenize=False
         )
+        # An assistant turn first in the conversation needs the template to render an empty one.
+        stage = "the generation prompts before the assistant turns"
         prompts = tok.apply_chat_template(
             [messages[:i] for i in turns], tools=tools, tokenize=False, add_generation_prompt=True
         )
     except Exception as e:  # templates are arbitrary code: any failure rejects the record
-        raise _Unrenderable(TEMPLATE_ERROR, f"chat template failed: {type(e).__name__}: {e}") from e
+        message = f"chat template failed on {stage}: {type(e).__name__}: {e}"
+        raise _Unrenderable(TEMPLATE_ERROR, message) from e
     if turns[-1] + 1 == len(messages):
         turn_texts.append(full)
 

@@ -8,22 +8,26 @@ Packed rows depend only on the input.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms import records as R
 from transforms.adapters import AdaptError, Conversation, to_conversation
 from transforms.chat_template import EncodedExample, MaskOptions, RenderError, encode_conversations
+from transforms.option_types import boolean, non_negative_int, positive_int
 from transforms.packing import build_packed_rows, pack_best_fit_decreasing
 from transforms.records import Record, RecordChunk, Rejection
 from transforms.steps import PARTS, STATS, TAILS, ChunkStep, GatherTails, Part, apply_step
 from transforms.tokenizer import load_tokenizer
 
 SFT = "sft"
+GROUP = "instruction branch"
 FULL_PACK = 0.99  # packs filled at least this much are final; the rest are packed again
 
 
@@ -38,6 +42,56 @@ class ConversationChunk:
 class EncodedChunk:
     chunk_id: str
     examples: tuple[EncodedExample, ...]
+
+
+class InstructionOptions(PipelineOptions):
+    """Options of the instruction branch."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(GROUP)
+        group.add_argument(
+            "--seq_len", type=positive_int, default=2048,
+            help="Maximum tokens per packed SFT sequence (default 2048).")
+        group.add_argument(
+            "--chat_template", default=None,
+            help="Path (local or gs://) to a Jinja chat template that overrides the tokenizer's.")
+        group.add_argument(
+            "--system_prompt", default=None,
+            help="System message added to conversations that have none.")
+        group.add_argument(
+            "--assistant_turns", choices=("all", "last"), default="all",
+            help="Which assistant turns carry loss: all of them (default) or only the last.")
+        group.add_argument(
+            "--train_end_of_turn", type=boolean, default=True,
+            help="Whether the end-of-turn token after each trained assistant turn carries loss "
+            "(default true).")
+        group.add_argument(
+            "--max_segments_per_pack", type=non_negative_int, default=0,
+            help="Cap on examples per packed sequence; 0 means no cap (default).")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstructionConfig:
+    seq_len: int
+    chat_template: str | None
+    system_prompt: str | None
+    assistant_turns: str
+    train_end_of_turn: bool
+    max_segments_per_pack: int
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> InstructionConfig:
+        view = options.view_as(InstructionOptions)
+        return cls(seq_len=view.seq_len, chat_template=view.chat_template,
+                   system_prompt=view.system_prompt, assistant_turns=view.assistant_turns,
+                   train_end_of_turn=view.train_end_of_turn,
+                   max_segments_per_pack=view.max_segments_per_pack)
+
+    @property
+    def mask_options(self) -> MaskOptions:
+        return MaskOptions(last_turn_only=self.assistant_turns == "last",
+                           train_end_of_turn=self.train_end_of_turn)
 
 
 class AdaptConversations(ChunkStep):
@@ -132,14 +186,12 @@ class PackSequences(ChunkStep):
 class InstructionBranch(beam.PTransform):
     """Instruction chunks in; packed SFT parts, dropped-record parts and stats out."""
 
-    def __init__(self, tokenizer: str, chat_template: str | None, options: MaskOptions,
-                 system_prompt: str | None, seq_len: int, max_segments: int | None,
-                 tail_buckets: int):
+    def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int):
         super().__init__()
-        self.encode = EncodeConversations(tokenizer, chat_template, options, system_prompt,
-                                          seq_len)
-        self.seq_len = seq_len
-        self.max_segments = max_segments
+        self.encode = EncodeConversations(tokenizer, config.chat_template, config.mask_options,
+                                          config.system_prompt, config.seq_len)
+        self.seq_len = config.seq_len
+        self.max_segments = config.max_segments_per_pack or None
         self.tail_buckets = tail_buckets
 
     def expand(self, chunks):

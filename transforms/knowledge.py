@@ -8,13 +8,16 @@ group is dropped or padded. Rows depend only on the input. Tokens travel as nump
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
 
+from transforms.option_types import positive_int
 from transforms.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
 from transforms.records import RecordChunk
 from transforms.steps import (
@@ -30,6 +33,34 @@ from transforms.steps import (
 from transforms.tokenizer import end_of_text_id, load_tokenizer
 
 PRETRAIN = "pretrain"
+GROUP = "knowledge branch"
+
+
+class KnowledgeOptions(PipelineOptions):
+    """Options of the knowledge branch."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(GROUP)
+        group.add_argument(
+            "--block_size", type=positive_int, default=2048,
+            help="Tokens per pretraining block (default 2048).")
+        group.add_argument(
+            "--remainder", choices=("drop", "pad"), default="drop",
+            help="The tokens left after the last full block (at most one block's worth per "
+            "group of chunks): drop them (default) or pad the block; the manifest reports the "
+            "cost either way.")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnowledgeConfig:
+    block_size: int
+    remainder: str
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> KnowledgeConfig:
+        view = options.view_as(KnowledgeOptions)
+        return cls(block_size=view.block_size, remainder=view.remainder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +150,11 @@ def _emit(step: ChunkStep, chunk_id: str, blocks: Blocks) -> Iterator[Any]:
 class KnowledgeBranch(beam.PTransform):
     """Knowledge chunks in; pretraining block parts, dropped-record parts and stats out."""
 
-    def __init__(self, tokenizer: str, block_size: int, remainder: str, tail_buckets: int):
+    def __init__(self, tokenizer: str, config: KnowledgeConfig, tail_buckets: int):
         super().__init__()
         self.tokenizer = tokenizer
-        self.block_size = block_size
-        self.remainder = remainder
+        self.block_size = config.block_size
+        self.remainder = config.remainder
         self.tail_buckets = tail_buckets
 
     def expand(self, chunks):

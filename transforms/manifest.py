@@ -40,7 +40,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
     kept_examples = instruction.get("examples", 0)
     accounted = kept_documents + kept_examples + sum(filtered.values()) + sum(rejected.values())
     packs = instruction.get("packs", 0)
-    seq_len = config["seq_len"]
+    seq_len = config["instruction"]["seq_len"]
     outputs: dict[str, list] = collections.defaultdict(list)
     for entry in sorted(files, key=lambda f: f["path"]):
         outputs[entry["kind"]].append({"path": entry["path"], "rows": entry["rows"]})
@@ -63,9 +63,9 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "tokens": knowledge.get("tokens", 0),
             "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
-            "block_size": config["block_size"],
+            "block_size": config["knowledge"]["block_size"],
             "tokens_out": knowledge.get("tokens_out", 0),
-            "remainder_policy": config["remainder"],
+            "remainder_policy": config["knowledge"]["remainder"],
             "remainder_tokens": knowledge.get("remainder_tokens", 0),
             "pad_tokens": knowledge.get("pad_tokens", 0),
         },

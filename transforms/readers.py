@@ -609,7 +609,7 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
     except UnicodeDecodeError as error:
         yield _failed(shard, 0, INVALID_UTF8, str(error), _raw(data)), len(data)
         return
-    if text.isspace() or not text:
+    if not text.strip():
         return
     try:
         value = json.loads(text)

@@ -19,10 +19,6 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-# transformers prints "PyTorch was not found" as an advisory warning when it is imported; this
-# pipeline only tokenizes and never needs torch. Set before the import; the user's value wins.
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from tokenizers import normalizers
