@@ -703,3 +703,8 @@ def test_csv_decoding_survives_a_multibyte_character_split_across_reads(tmp_path
 def test_chunks_pickle_for_any_runner():
     chunks = list(read_shard(plan_shards([parse_input_spec(0, str(KO_CSV))])[0]))
     assert pickle.loads(pickle.dumps(chunks)) == chunks
+
+
+def test_a_mistyped_field_mapping_is_an_error_naming_the_key():
+    with pytest.raises(ValueError, match="'promt' is neither a setting"):
+        parse_input_spec(0, "gsm8k.jsonl#promt=question;response=answer")

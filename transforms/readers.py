@@ -37,6 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.records import (
     BRANCHES,
+    CANONICAL_FIELDS,
     FORMATS,
     INVALID_UTF8,
     MALFORMED_CSV,
@@ -111,6 +112,11 @@ def parse_input_spec(index: int, value: str) -> InputSpec:
             raise ValueError(f"--input {value!r}: {pair.strip()!r} is not key=value")
         if key in settings or key in fields:
             raise ValueError(f"--input {value!r}: {key!r} is declared twice")
+        if key not in _SETTINGS and key not in CANONICAL_FIELDS:
+            raise ValueError(
+                f"--input {value!r}: {key!r} is neither a setting ({', '.join(sorted(_SETTINGS))}) "
+                f"nor a canonical field ({', '.join(CANONICAL_FIELDS)})"
+            )
         (settings if key in _SETTINGS else fields)[key] = val
     for key, allowed in (("branch", BRANCHES), ("format", FORMATS), ("text_unit", TEXT_UNITS)):
         if key in settings and settings[key] not in allowed:

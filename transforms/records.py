@@ -17,6 +17,10 @@ INSTRUCTION = "instruction"
 BRANCHES = (KNOWLEDGE, INSTRUCTION)
 
 FORMATS = ("jsonl", "json", "parquet", "text", "csv")
+# Fields a declared mapping may fill (``#prompt=question``): what classification and the
+# instruction adapters read.
+CANONICAL_FIELDS = ("text", "messages", "conversations", "tools", "prompt", "response",
+                    "completion", "instruction", "input", "output", "system", "chosen")
 TEXT_UNITS = ("file", "line", "paragraph")
 
 # Reason codes. They are part of the output contract (rejected/ files and manifest.json).
