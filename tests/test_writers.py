@@ -54,6 +54,7 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     table = pa.table({"input_ids": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32()))})
     rejected = pa.table({"source": ["a"], "position": [3], "reason": ["malformed_json"]})
     stage = StagePart(str(tmp_path / "staging"))
+    stage.setup()
     [data] = stage.process(Part("pretrain", "c0", "blocks", table))
     [bad] = stage.process(Part("rejected", "c0", "classify", rejected))
     # Restaging the same part rewrites the same file: retries cannot duplicate rows.

@@ -10,11 +10,14 @@ staged file, output rows and files depend only on the inputs and configuration, 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import math
+import time
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
@@ -25,6 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.manifest import build_manifest, write_manifest
 from transforms.steps import Part
 
+LOG = logging.getLogger("beam_pipeline")
 STAGING_DIR = ".staging"
 PARQUET_KINDS = ("pretrain", "sft")
 JSONL_KINDS = ("rejected", "filtered")
@@ -54,6 +58,24 @@ class OutputFile:
         return sum(end - start for _, start, end in self.slices)
 
 
+class Progress:
+    """Logs running totals at most every ``interval`` seconds, so long runs show they move."""
+
+    def __init__(self, what: str, interval: float = 10.0):
+        self.what = what
+        self.interval = interval
+        self.totals: collections.Counter = collections.Counter()
+        self.last = time.monotonic()
+
+    def add(self, kind: str, rows: int) -> None:
+        self.totals[kind] += rows
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            counts = ", ".join(f"{k} {v:,} rows" for k, v in sorted(self.totals.items()))
+            LOG.info("%s so far in this worker: %s", self.what, counts)
+
+
 def staged_path(staging_dir: str, part: Part) -> str:
     digest = hashlib.sha256(f"{part.chunk_id}\0{part.step}".encode()).hexdigest()[:24]
     return FileSystems.join(staging_dir, part.kind, f"{digest}.parquet")
@@ -65,10 +87,14 @@ class StagePart(beam.DoFn):
     def __init__(self, staging_dir: str):
         self.staging_dir = staging_dir
 
+    def setup(self) -> None:
+        self.progress = Progress("staged")
+
     def process(self, part: Part) -> Iterator[StagedFile]:
         path = staged_path(self.staging_dir, part)
         with FileSystems.create(path) as handle:
             pq.write_table(part.table, handle, compression=COMPRESSION)
+        self.progress.add(part.kind, part.table.num_rows)
         yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
                          part.table.nbytes)
 
