@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.instruction import InstructionConfig
 from transforms.knowledge import KnowledgeConfig
-from transforms.option_types import boolean, non_negative_int, positive_int
+from transforms.option_types import boolean, fraction, non_negative_int, positive_int
 from transforms.readers import parse_input_spec, split_input_values
 from transforms.records import InputSpec
 from transforms.tokenizer import DEFAULT_TOKENIZER
@@ -72,6 +72,10 @@ class PrepOptions(PipelineOptions):
             "--max_record_mb", type=positive_int, default=16,
             help="Records larger than this are rejected as record_too_large (default 16).")
         group.add_argument(
+            "--max_reject_fraction", type=fraction, default=0.5,
+            help="Fail the run (no manifest.json) when more than this fraction of one input's "
+            "records is rejected: a sign of a wrong format, mapping or branch (default 0.5).")
+        group.add_argument(
             "--overwrite", type=boolean, default=False,
             help="Replace the outputs of an earlier run in --output (default false: refuse).")
 
@@ -90,6 +94,7 @@ class PrepConfig:
     row_group_rows: int
     chunk_records: int
     max_record_mb: int
+    max_reject_fraction: float
     overwrite: bool
 
     def as_dict(self) -> dict:
@@ -117,5 +122,6 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         row_group_rows=prep.row_group_rows,
         chunk_records=prep.chunk_records,
         max_record_mb=prep.max_record_mb,
+        max_reject_fraction=prep.max_reject_fraction,
         overwrite=prep.overwrite,
     )

@@ -28,7 +28,7 @@ from transforms import instruction, knowledge
 from transforms.classify import ClassifyRecords
 from transforms.instruction import InstructionBranch, InstructionOptions
 from transforms.knowledge import KnowledgeBranch, KnowledgeOptions
-from transforms.manifest import read_manifest, sum_counters, summary_lines
+from transforms.manifest import RejectRateError, read_manifest, sum_counters, summary_lines
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
 from transforms.records import INSTRUCTION, KNOWLEDGE, ShardSpec
@@ -144,4 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    execute(plan)
+    try:
+        execute(plan)
+    except RejectRateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -157,6 +157,8 @@ def test_classify_records_splits_a_chunk_and_counts_every_record():
                         "knowledge.records_in": 2,
                         "instruction.records_in": 1,
                         "rejected.unclassifiable": 1,
+                        "input.0.read": 4,
+                        "input.0.rejected.unclassifiable": 1,
                     }
                 ]
             ),

@@ -1,8 +1,17 @@
 """The manifest's arithmetic: every record read is kept, filtered or rejected."""
 
-from transforms.manifest import build_manifest, sum_counters, summary_lines
+import pytest
 
-CONFIG = {"instruction": {"seq_len": 100}, "knowledge": {"block_size": 8, "remainder": "drop"}}
+from transforms.manifest import (
+    RejectRateError,
+    build_manifest,
+    check_reject_fraction,
+    sum_counters,
+    summary_lines,
+)
+
+CONFIG = {"instruction": {"seq_len": 100}, "knowledge": {"block_size": 8, "remainder": "drop"},
+          "inputs": [{"index": 0, "pattern": "a.jsonl"}, {"index": 1, "pattern": "b/*.json"}]}
 
 
 def test_counters_sum_across_chunks_and_empty_input_sums_to_nothing():
@@ -39,3 +48,19 @@ def test_manifest_shows_a_lost_record():
     assert manifest["records"]["balanced"] is False
     assert manifest["instruction"]["packing_efficiency"] is None
     assert "NOT BALANCED" in summary_lines(manifest)[0]
+
+
+def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
+    stats = {"records_read": 10, "input.0.read": 6, "input.1.read": 4,
+             "input.1.rejected.unclassifiable": 3, "input.1.rejected.malformed_json": 1,
+             "input.0.filtered.too_long": 1}
+    manifest = build_manifest(stats, [], CONFIG, {})
+    assert manifest["inputs"] == [
+        {"pattern": "a.jsonl", "read": 6, "rejected": {}, "filtered": {"too_long": 1}},
+        {"pattern": "b/*.json", "read": 4,
+         "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {}},
+    ]
+    check_reject_fraction(manifest, 1.0)
+    with pytest.raises(RejectRateError, match=r"4 of 4 records of --input b/\*\.json .*"
+                       r"top reasons: unclassifiable 3, malformed_json 1"):
+        check_reject_fraction(manifest, 0.5)

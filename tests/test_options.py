@@ -27,6 +27,7 @@ OWN_OPTIONS = [
     "--row_group_rows",
     "--chunk_records",
     "--max_record_mb",
+    "--max_reject_fraction",
     "--overwrite",
 ]
 
@@ -107,3 +108,16 @@ def test_inputs_repeat_or_come_comma_separated_with_declarations(tmp_path):
     assert plan.options.view_as(InstructionOptions).seq_len == 4096
     assert plan.tokenizer["name"] == "qwen2-offline"
     assert len(plan.shards) == 3
+
+
+def test_a_run_whose_input_is_mostly_rejected_fails_without_a_manifest(tmp_path, capsys):
+    # GSM8K without its declared mapping is unclassifiable: a configuration mistake.
+    arguments = [f"--input={EXAMPLES}/gsm8k_sample.jsonl", f"--input={EXAMPLES}/c4_sample.jsonl",
+                 f"--output={tmp_path}/o"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 1
+    assert ("200 of 200 records of --input " in capsys.readouterr().err)
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    main([*arguments[:-1], f"--output={tmp_path}/p", "--max_reject_fraction=1"])
+    assert (tmp_path / "p" / "manifest.json").exists()

@@ -67,7 +67,7 @@ def padded(tmp_path_factory):
 def test_manifest_accounts_for_every_record(in_memory):
     output, manifest = in_memory
     records = manifest["records"]
-    assert records["read"] == 300 + 30 + 999 + 300 + 500 + 1319 + 7
+    assert records["read"] == 300 + 30 + 999 + 300 + 500 + 1319 + 13
     assert records["balanced"] is True
     assert records["read"] == (
         records["knowledge"]
@@ -81,7 +81,7 @@ def test_manifest_accounts_for_every_record(in_memory):
         "unclassifiable": 1,
         "wrong_type": 1,
     }
-    assert records["knowledge"] == 300 + 30 + 1
+    assert records["knowledge"] == 300 + 30 + 4
     rejected = [
         json.loads(line)
         for f in sorted((output / "rejected").glob("*.jsonl"))

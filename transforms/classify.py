@@ -89,6 +89,7 @@ class _Classify(ChunkStep):
         routed: dict[str, list[Record]] = {R.KNOWLEDGE: [], R.INSTRUCTION: []}
         self.count("records_read", len(chunk.records))
         for record in chunk.records:
+            self.count(f"input.{record.input_index}.read")
             result = classify(record, self.specs[record.input_index])
             if isinstance(result, Rejection):
                 self.drop(result)

@@ -79,11 +79,44 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "packing_efficiency": (round(instruction.get("tokens", 0) / (packs * seq_len), 6)
                                    if packs else None),
         },
+        "inputs": _inputs(stats, config["inputs"]),
         "outputs": dict(outputs),
         "tokenizer": dict(tokenizer),
         "config": dict(config),
         "versions": package_versions(),
     }
+
+
+def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
+    """Per ``--input``: records read and what left the pipeline, by reason."""
+    return [
+        {
+            "pattern": spec["pattern"],
+            "read": stats.get(f"input.{spec['index']}.read", 0),
+            "rejected": _by_prefix(stats, f"input.{spec['index']}.rejected."),
+            "filtered": _by_prefix(stats, f"input.{spec['index']}.filtered."),
+        }
+        for spec in inputs
+    ]
+
+
+def check_reject_fraction(manifest: Mapping, max_fraction: float) -> None:
+    """Refuses to mark a run complete when an input's rejections point to a configuration
+    mistake (a wrong mapping, format or branch), naming the input and its top reasons."""
+    for entry in manifest["inputs"]:
+        rejected = sum(entry["rejected"].values())
+        if entry["read"] and rejected / entry["read"] > max_fraction:
+            top = sorted(entry["rejected"].items(), key=lambda kv: -kv[1])[:3]
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in top)
+            raise RejectRateError(
+                f"{rejected:,} of {entry['read']:,} records of --input {entry['pattern']} were "
+                f"rejected ({rejected / entry['read']:.0%} > --max_reject_fraction="
+                f"{max_fraction}); top reasons: {reasons}. The run is not marked complete "
+                "(no manifest.json); see rejected/ for the records.")
+
+
+class RejectRateError(RuntimeError):
+    """Too many records of one input were rejected."""
 
 
 def package_versions() -> dict[str, str]:

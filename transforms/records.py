@@ -120,10 +120,12 @@ class Rejection:
     reason: str
     message: str
     raw: str
+    input_index: int = -1  # which --input it came from: per-input counts in the manifest
 
     @classmethod
     def of(cls, record: Record, reason: str, message: str) -> Rejection:
-        return cls(record.source, record.position, reason, message, raw_text(record))
+        return cls(record.source, record.position, reason, message, raw_text(record),
+                   record.input_index)
 
 
 def raw_text(record: Record, cap: int = RAW_CAP_BYTES) -> str:

@@ -68,6 +68,7 @@ class ChunkStep(beam.DoFn):
         for kind, rejections in sorted(self._dropped.items()):
             for rejection in rejections:
                 self._stats[f"{kind}.{rejection.reason}"] += 1
+                self._stats[f"input.{rejection.input_index}.{kind}.{rejection.reason}"] += 1
             yield beam.pvalue.TaggedOutput(
                 PARTS, Part(kind, chunk_id, self.step_name, rejections_table(rejections)))
         for name, value in self._stats.items():

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.manifest import build_manifest, write_manifest
+from transforms.manifest import build_manifest, check_reject_fraction, write_manifest
 from transforms.steps import Part
 
 LOG = logging.getLogger("beam_pipeline")
@@ -168,17 +168,27 @@ class WriteOutputFile(beam.DoFn):
                     handle.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
 
 
+def _stored_paths(path: str) -> list[str]:
+    """What deleting ``path`` means: the path itself if it exists (a file, a local directory),
+    else the objects under it, because on gs:// a directory is only a name prefix that
+    FileSystems.exists does not see and FileSystems.delete does not remove."""
+    if FileSystems.exists(path):
+        return [path]
+    return [m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list]
+
+
 def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
     """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``."""
-    owned = [FileSystems.join(output_dir, name) for name in (*OUTPUT_KINDS, STAGING_DIR)]
-    manifest = FileSystems.join(output_dir, "manifest.json")
-    existing = [path for path in (*owned, manifest) if FileSystems.exists(path)]
+    names = (*OUTPUT_KINDS, STAGING_DIR, "manifest.json")
+    owned = {path: _stored_paths(path) for path in
+             (FileSystems.join(output_dir, name) for name in names)}
+    existing = [path for path, stored in owned.items() if stored]
     if not existing:
         return
     if not overwrite:
         raise ValueError(f"{output_dir} already holds outputs ({', '.join(existing)}); "
                          "pass --overwrite=true to replace them")
-    FileSystems.delete(existing)
+    FileSystems.delete([stored for path in existing for stored in owned[path]])
 
 
 class WriteOutputs(beam.PTransform):
@@ -216,4 +226,5 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     if FileSystems.exists(staging_dir):
         FileSystems.delete([staging_dir])
     manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"])
+    check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
     return write_manifest(output_dir, manifest)

@@ -1,0 +1,1 @@
+"""Local stand-ins for cloud services that tests run against."""
