@@ -4,7 +4,7 @@ import json
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA as SHARED
@@ -131,7 +131,7 @@ def test_classify_records_splits_a_chunk_and_counts_every_record():
         "c0",
         tuple(Record(source="x", position=i, input_index=0, value=v) for i, v in enumerate(values)),
     )
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         routed = p | beam.Create([chunk]) | ClassifyRecords([spec()])
         assert_that(
             routed[R.KNOWLEDGE] | "K" >> beam.Map(lambda c: [r.value for r in c.records]),
