@@ -39,6 +39,7 @@ from transforms.records import (
     NOT_AN_OBJECT,
     RAW_CAP_BYTES,
     RECORD_TOO_LARGE,
+    TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
     InputSpec,
     Record,
@@ -708,3 +709,25 @@ def test_chunks_pickle_for_any_runner():
 def test_a_mistyped_field_mapping_is_an_error_naming_the_key():
     with pytest.raises(ValueError, match="'promt' is neither a setting"):
         parse_input_spec(0, "gsm8k.jsonl#promt=question;response=answer")
+
+
+def test_json_nested_too_deeply_is_a_malformed_record_not_a_crash(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    jsonl = write(tmp_path / "deep.jsonl", f'{{"text": {deep}}}\n{{"text": "fine"}}\n'.encode())
+    array = write(tmp_path / "deep.json", f"[{deep}]".encode())
+    records = [r for s in plan_shards([parse_input_spec(0, jsonl), parse_input_spec(1, array)])
+               for c in read_shard(s) for r in c.records]
+    assert [(r.error and r.error[0], r.value) for r in records] == [
+        (MALFORMED_JSON, None), (None, {"text": "fine"}), (MALFORMED_JSON, None)]
+    assert records[0].error[1] == "JSON nested too deeply to parse"
+
+
+def test_json_nested_deeper_than_the_limit_is_rejected_before_it_reaches_beam(tmp_path):
+    deep = "[" * 500 + "]" * 500  # parses, but could not be pickled between stages
+    lines = f'{{"text": {deep}}}\n[{deep}]\n{{"a": {{"b": [1]}}}}\n'
+    path = write(tmp_path / "d.jsonl", lines.encode())
+    array = write(tmp_path / "d.json", f'[{deep}, {{"text": "ok"}}]'.encode())
+    records = [r for s in plan_shards([parse_input_spec(0, path), parse_input_spec(1, array)])
+               for c in read_shard(s) for r in c.records]
+    assert [r.error and r.error[0] for r in records] == [
+        TOO_DEEPLY_NESTED, TOO_DEEPLY_NESTED, None, TOO_DEEPLY_NESTED, None]

@@ -46,6 +46,7 @@ from transforms.records import (
     RAW_CAP_BYTES,
     RECORD_TOO_LARGE,
     TEXT_UNITS,
+    TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
     InputSpec,
     Record,
@@ -486,14 +487,45 @@ def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple
                 yield _json_line(shard, line, limit), line.size + 1
 
 
+# RecursionError: JSON nested deeper than the parser's stack, a hostile record, not a crash.
+_JSON_ERRORS = (json.JSONDecodeError, RecursionError)
+
+
+# Deeper values parse but cannot be pickled between Beam stages; no real record nests this deep.
+MAX_JSON_DEPTH = 64
+_DEPTH_MESSAGE = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _too_deep(value: object) -> bool:
+    """Whether ``value`` nests lists and objects deeper than MAX_JSON_DEPTH (iteratively)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if isinstance(node, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in children
+                         if isinstance(child, dict | list))
+    return False
+
+
+def _json_message(error: Exception) -> str:
+    return "JSON nested too deeply to parse" if isinstance(error, RecursionError) else str(error)
+
+
 def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     text = _text_value(shard, line, limit)
     if isinstance(text, Record):
         return text
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as error:
-        return _failed(shard, line.offset, MALFORMED_JSON, str(error), _raw_text(text.rstrip("\r")))
+    except _JSON_ERRORS as error:
+        return _failed(shard, line.offset, MALFORMED_JSON, _json_message(error),
+                       _raw_text(text.rstrip("\r")))
+    if _too_deep(value):
+        return _failed(shard, line.offset, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE,
+                       _raw_text(text.rstrip("\r")))
     if not isinstance(value, dict):
         message = f"a JSON {type(value).__name__}, not an object"
         return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
@@ -619,15 +651,17 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
         return
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as error:
-        yield _failed(shard, 0, MALFORMED_JSON, str(error), _raw(data)), len(data)
+    except _JSON_ERRORS as error:
+        yield _failed(shard, 0, MALFORMED_JSON, _json_message(error), _raw(data)), len(data)
         return
     items = value if isinstance(value, list) else [value]
     share = max(1, len(data) // max(1, len(items)))  # chunk_bytes needs a size per record
     del data, text
     for index, item in enumerate(items):
         cursor.position = index
-        if isinstance(item, dict):
+        if _too_deep(item):
+            yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
+        elif isinstance(item, dict):
             yield Record(shard.path, index, shard.input_index, value=item), share
         else:
             raw = _raw_text(json.dumps(item, ensure_ascii=False))
