@@ -2,19 +2,27 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+CONSTRAINTS := -c constraints.txt
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean bench
 
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt setup.py
+# What the pipeline itself needs: enough for `make demo`.
+$(RUN_STAMP): requirements.txt constraints.txt setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install --quiet -r requirements.txt $(CONSTRAINTS)
 	$(PY) -m pip install --quiet --no-deps -e .
-	touch $(STAMP)
+	touch $@
 
-demo: $(STAMP)
+# Plus test, lint and training-side tools (torch, trl, datasets) for `make test` and `make bench`.
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt requirements-train.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt -r requirements-train.txt $(CONSTRAINTS)
+	touch $@
+
+demo: $(RUN_STAMP)
 	$(PY) -m beam_pipeline \
 	  --input examples/data/c4_sample.jsonl \
 	  --input 'examples/data/tinyshakespeare_excerpt.txt#text_unit=paragraph' \
@@ -27,11 +35,15 @@ demo: $(STAMP)
 	  --input examples/data/broken_lines.jsonl \
 	  --output out/demo --overwrite=true
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(PY) -m ruff check .
 
 test: lint
 	$(PY) -m pytest
+
+# The benchmark harness (BENCHMARKS.md); `make bench BENCH_ARGS=--quick` for a few-minute check.
+bench: $(DEV_STAMP)
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) out
