@@ -6,7 +6,7 @@ RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 CONSTRAINTS := -c constraints.txt
 
-.PHONY: setup demo test lint clean bench
+.PHONY: setup demo test lint clean bench airflow-env flex-metadata
 
 setup: $(DEV_STAMP)
 
@@ -45,5 +45,13 @@ test: lint
 bench: $(DEV_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+# The Composer DAG's own Airflow venv (.venv-airflow); tests/test_composer_dag.py makes it too.
+airflow-env:
+	scripts/airflow_env.sh
+
+# Regenerate templates/flex/metadata.json after adding or changing a pipeline option.
+flex-metadata: $(RUN_STAMP)
+	$(PY) scripts/gen_flex_metadata.py
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) .venv-airflow out

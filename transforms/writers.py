@@ -223,8 +223,9 @@ class WriteOutputs(beam.PTransform):
 
 def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
             fields: dict) -> str:
-    if FileSystems.exists(staging_dir):
-        FileSystems.delete([staging_dir])
+    leftovers = _stored_paths(staging_dir)
+    if leftovers:
+        FileSystems.delete(leftovers)
     manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"])
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
     return write_manifest(output_dir, manifest)

@@ -72,7 +72,7 @@ class _MetadataHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (base signature)
+    def log_message(self, format: str, *args: object) -> None:
         """Silent: pytest would show every probe."""
 
 

@@ -1,0 +1,157 @@
+"""Writes templates/flex/metadata.json from the pipeline's own command-line options.
+
+The Flex Template's parameters must carry the same names, help and defaults as the command line,
+so they are generated from ``beam_pipeline.pipeline.argument_parser()`` rather than kept by hand:
+every option of the pipeline's option groups becomes a parameter, and a parameter is required
+exactly when the pipeline refuses to start without it. Run it after adding or changing an option
+(tests/test_flex_template.py fails while the file is out of date):
+
+    .venv/bin/python scripts/gen_flex_metadata.py           # rewrite the file
+    .venv/bin/python scripts/gen_flex_metadata.py --check   # exit 1 if it is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_pipeline.options import DESCRIPTION, PREP_GROUP, config_from_options
+from beam_pipeline.pipeline import BRANCH_GROUPS, argument_parser
+
+METADATA_PATH = Path(__file__).resolve().parents[1] / "templates" / "flex" / "metadata.json"
+TEMPLATE_NAME = "LLM training-data preparation"
+GCS_PATH = r"gs://[^\s,]+"
+SCHEMA = rf"[\w-]+={GCS_PATH}"
+# On Dataflow only gs:// paths are readable by the launcher and every worker, so path options
+# accept nothing else; the tokenizer may also be a Hugging Face hub id or the offline default.
+PATH_OPTIONS: dict[str, dict] = {
+    "input": {"paramType": "TEXT", "regexes": [rf"^\s*{GCS_PATH}(\s*,\s*{GCS_PATH})*\s*$"]},
+    "output": {"paramType": "GCS_WRITE_FOLDER", "regexes": [rf"^{GCS_PATH}$"]},
+    "tokenizer": {"paramType": "TEXT", "regexes": [rf"^({GCS_PATH}|[\w.-]+(/[\w.-]+)?)$"]},
+    "chat_template": {"paramType": "GCS_READ_FILE", "regexes": [rf"^{GCS_PATH}$"]},
+    "schema": {"paramType": "TEXT", "regexes": [rf"^\s*{SCHEMA}(\s*,\s*{SCHEMA})*\s*$"]},
+}
+# The smallest run the pipeline accepts; an option is required when leaving it out of this run
+# is refused, and every option not in it is optional.
+MINIMAL_RUN = {"input": "gs://my-bucket/corpus/*.jsonl.zst", "output": "gs://my-bucket/prepared"}
+LABELS = {
+    "input": "Input files",
+    "output": "Output directory",
+    "num_shards": "Files per output kind",
+    "target_shard_mb": "Target file size (MB)",
+    "max_record_mb": "Largest record (MB)",
+    "seq_len": "Packed sequence length",
+    "max_segments_per_pack": "Most examples per pack",
+}
+
+
+def own_options(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
+    """(group title, action) for every option of the pipeline's own groups, in --help order."""
+    titles = (PREP_GROUP, *BRANCH_GROUPS)
+    return [(group.title, action) for group in parser._action_groups if group.title in titles
+            for action in group._group_actions]
+
+
+def parameter_name(action: argparse.Action) -> str:
+    return action.option_strings[0].removeprefix("--")
+
+
+def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help as --help prints it (``%(default)s`` expanded), on one line."""
+    return " ".join(parser._get_formatter()._expand_help(action).split())
+
+
+def format_value(value: object) -> str:
+    """A default as a template parameter string that the option's type parses back."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def required_names() -> set[str]:
+    """The options of MINIMAL_RUN that the pipeline refuses to start without."""
+    failure = _refusal(MINIMAL_RUN)
+    if failure:
+        raise RuntimeError(f"the pipeline refuses {MINIMAL_RUN}: {failure}; add the option it "
+                           "asks for to MINIMAL_RUN")
+    return {name for name in MINIMAL_RUN
+            if _refusal({k: v for k, v in MINIMAL_RUN.items() if k != name})}
+
+
+def _refusal(values: dict[str, str]) -> str | None:
+    try:
+        config_from_options(PipelineOptions([f"--{k}={v}" for k, v in values.items()]))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def parameter(parser: argparse.ArgumentParser, group: str, action: argparse.Action,
+              required: set[str], parsed_default: object) -> dict:
+    """One Flex Template parameter; its type follows the parsed default (argparse parses string
+    defaults with the option's type)."""
+    name = parameter_name(action)
+    entry: dict = {
+        "name": name,
+        "label": LABELS.get(name, name.replace("_", " ").capitalize()),
+        "helpText": help_text(parser, action),
+        "groupName": group,
+        "isOptional": name not in required,
+    }
+    if name in PATH_OPTIONS:
+        entry.update(PATH_OPTIONS[name])
+    elif action.choices:
+        entry["paramType"] = "ENUM"
+        entry["enumOptions"] = [{"value": str(c), "label": str(c)} for c in action.choices]
+    elif isinstance(parsed_default, bool):
+        entry["paramType"] = "BOOLEAN"
+    elif isinstance(parsed_default, int | float):
+        entry["paramType"] = "NUMBER"
+    else:
+        entry["paramType"] = "TEXT"
+    if action.default is not None:
+        entry["defaultValue"] = format_value(action.default)
+    return entry
+
+
+def build_metadata() -> dict:
+    parser = argument_parser()
+    options = own_options(parser)
+    required = required_names()
+    defaults = vars(parser.parse_args([]))
+    return {
+        "name": TEMPLATE_NAME,
+        "description": " ".join(DESCRIPTION.split()),
+        "streaming": False,
+        "parameters": [parameter(parser, group, action, required, defaults[action.dest])
+                       for group, action in options],
+    }
+
+
+def render(metadata: dict) -> str:
+    return json.dumps(metadata, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--check", action="store_true",
+                      help="exit 1, writing nothing, if metadata.json is out of date")
+    check = args.parse_args(argv).check
+    metadata = build_metadata()
+    text = render(metadata)
+    current = METADATA_PATH.read_text() if METADATA_PATH.exists() else None
+    if check:
+        if current != text:
+            print(f"{METADATA_PATH} is out of date: run scripts/gen_flex_metadata.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    METADATA_PATH.write_text(text)
+    print(f"wrote {METADATA_PATH} ({len(metadata['parameters'])} parameters)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
