@@ -27,7 +27,12 @@ from beam_pipeline.options import (
 from transforms import instruction, knowledge
 from transforms.classify import ClassifyRecords
 from transforms.instruction import InstructionBranch, InstructionOptions
-from transforms.knowledge import KnowledgeBranch, KnowledgeOptions
+from transforms.knowledge import (
+    FILTERED,
+    FindDuplicateDocuments,
+    KnowledgeBranch,
+    KnowledgeOptions,
+)
 from transforms.manifest import RejectRateError, read_manifest, sum_counters, summary_lines
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
@@ -49,6 +54,16 @@ def tail_buckets(shards: Sequence[ShardSpec]) -> int:
     return max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET))
 
 
+def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
+                         shards: Sequence[ShardSpec]) -> beam.PCollection | None:
+    """Deduplication's first pass: a second read of the inputs that keeps only small keys per
+    document, so the main read is never held back behind it (see transforms/knowledge.py)."""
+    if cfg.knowledge.dedup.mode == "none":
+        return None
+    return p | "FindDuplicateDocuments" >> FindDuplicateDocuments(
+        shards, cfg.inputs, cfg.chunk_records, cfg.max_record_mb * MIB, cfg.knowledge)
+
+
 def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
                 tokenizer: dict) -> None:
     """Read -> classify -> the two branches -> sharded files and manifest.json."""
@@ -56,11 +71,13 @@ def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
     buckets = tail_buckets(shards)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.knowledge, buckets)
+        cfg.tokenizer, cfg.knowledge, buckets, knowledge_duplicates(p, cfg, shards))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(cfg.tokenizer, cfg.instruction, buckets))
     parts = (routed[PARTS], knowledge_parts, instruction_parts) | "AllParts" >> beam.Flatten()
+    if not cfg.knowledge.write_filtered:
+        parts = parts | "CountOnlyFiltered" >> beam.Filter(lambda part: part.kind != FILTERED)
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
              | "SumStats" >> beam.CombineGlobally(sum_counters))

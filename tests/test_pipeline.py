@@ -41,6 +41,8 @@ def run_pipeline(output, *extra: str) -> dict:
         f"--seq_len={SEQ_LEN}",
         "--num_shards=3",
         "--chunk_records=500",
+        # The reference below is the raw documents: no cleaning, filtering or deduplication.
+        "--normalize=false", "--quality_filter=false", "--dedup=none",
         *extra,
     ]
     run(args)

@@ -60,7 +60,17 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
         "knowledge": {
             "records_in": knowledge.get("records_in", 0),
             "documents": kept_documents,
+            "dropped": _by_prefix(knowledge, "dropped."),
             "tokens": knowledge.get("tokens", 0),
+            "document_tokens": {  # per kept document, without its end-of-text separator
+                "min": knowledge.get("document_tokens_min"),
+                "mean": (round(knowledge.get("tokens", 0) / kept_documents, 1)
+                         if kept_documents else None),
+                "max": knowledge.get("document_tokens_max"),
+                "histogram": {f"<={bound}": count for bound, count in sorted(
+                    (int(bound), count)
+                    for bound, count in _by_prefix(knowledge, "document_tokens.le_").items())},
+            },
             "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
             "block_size": config["knowledge"]["block_size"],
@@ -78,6 +88,12 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "seq_len": seq_len,
             "packing_efficiency": (round(instruction.get("tokens", 0) / (packs * seq_len), 6)
                                    if packs else None),
+            # ceil(tokens / seq_len): no packing of these examples needs fewer rows.
+            "packs_lower_bound": -(-instruction.get("tokens", 0) // seq_len),
+            "overflow": config["instruction"].get("overflow"),
+            "truncated": instruction.get("truncated", 0),
+            "truncated_tokens": instruction.get("truncated_tokens", 0),
+            "pad_tokens": instruction.get("pad_tokens", 0),
         },
         "inputs": _inputs(stats, config["inputs"]),
         "outputs": dict(outputs),
@@ -150,11 +166,16 @@ def summary_lines(manifest: Mapping) -> list[str]:
         f"instruction {records['instruction']:,}, filtered {sum(records['filtered'].values()):,}, "
         f"rejected {sum(records['rejected'].values()):,} "
         f"({'balanced' if records['balanced'] else 'NOT BALANCED'})",
-        f"pretrain: {know['tokens']:,} tokens -> {know['blocks']:,} blocks of {know['block_size']} "
+        f"pretrain: {know['documents']:,} of {know['records_in']:,} documents kept "
+        f"({sum(know['dropped'].values()):,} filtered), {know['tokens']:,} tokens -> "
+        f"{know['blocks']:,} blocks of {know['block_size']} "
         f"({know['remainder_tokens']:,} remainder tokens dropped, {know['pad_tokens']:,} padded)",
-        f"sft: {inst['examples']:,} examples, {inst['tokens']:,} tokens "
-        f"({inst['trained_tokens']:,} trained) -> {inst['packs']:,} packs of <= {inst['seq_len']}, "
-        f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}",
+        f"sft: {inst['examples']:,} examples ({inst.get('truncated', 0):,} truncated, "
+        f"{inst.get('truncated_tokens', 0):,} tokens cut), {inst['tokens']:,} tokens "
+        f"({inst['trained_tokens']:,} trained) -> {inst['packs']:,} packs of <= {inst['seq_len']} "
+        f"(lower bound {inst.get('packs_lower_bound', 0):,}), "
+        f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}"
+        + (f", {inst['pad_tokens']:,} pad tokens" if inst.get("pad_tokens") else ""),
     ]
     for kind in ("rejected", "filtered"):
         if records[kind]:

@@ -86,6 +86,12 @@ class ChunkStep(beam.DoFn):
     def count(self, name: str, value: int = 1) -> None:
         self._stats[name] += value
 
+    def distribution(self, name: str, values: Iterable[int]) -> None:
+        """Reports values to a Beam distribution (count, sum, min and max in the runner's UI)."""
+        metric = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, name)
+        for value in values:
+            metric.update(int(value))
+
 
 def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str):
     """Applies a step and returns its tagged outputs (``main`` plus any extra tags)."""

@@ -1,0 +1,304 @@
+"""Deduplication across the whole dataset: exact copies and near copies (MinHash + LSH).
+
+Only small keys are shuffled, never the documents (``../shared/DESIGN.md``, "Determinism and
+memory"). Pass one turns every kept document into ``DocumentKeys``: its record key, a hash of
+its normalised text and, for near-duplicate detection, a MinHash signature and its LSH band
+keys. ``FindDuplicates`` groups those keys, verifies candidate pairs by their estimated Jaccard
+similarity, joins verified pairs into clusters and returns one dict: the record keys to drop,
+each with its reason and the key of the copy that survives. The main pass drops them chunk by
+chunk, with that dict (in a ``DuplicateIndex``) as a side input.
+
+The surviving copy is always the one with the smallest record key (input index, source,
+position), whatever the runner, worker count or bundle boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import apache_beam as beam
+import numpy as np
+
+from transforms.quality import TextStats, ngram_hashes
+from transforms.records import Record
+
+DUPLICATE_EXACT = "duplicate_exact"
+DUPLICATE_NEAR = "duplicate_near"
+MODES = ("none", "exact", "near")
+
+# (input index, file number, position): orders the copies. Files are numbered in path order, so
+# this sorts like (input index, source, position) while every shuffled key stays a few ints.
+RecordKey = tuple[int, int, int]
+Pair = tuple[RecordKey, RecordKey]
+
+SEED = 0x5EED  # of the MinHash family: fixed, so signatures agree across runs and workers
+_BLOCK = 4096  # shingles hashed at once (num_perm x _BLOCK uint64 stay a few MB)
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupConfig:
+    """``mode``: ``near`` finds exact and near copies, ``exact`` exact copies only, ``none``
+    turns deduplication off. Near copies are documents whose word ``ngram`` shingle sets have
+    an estimated Jaccard similarity >= ``threshold`` under ``num_perm`` MinHash functions, found
+    through ``bands`` LSH bands of ``num_perm / bands`` rows each."""
+
+    mode: str = "near"
+    ngram: int = 5
+    num_perm: int = 128
+    bands: int = 16
+    threshold: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"dedup mode must be one of {MODES}, got {self.mode!r}")
+        if self.num_perm % self.bands:
+            raise ValueError(f"--dedup_num_perm={self.num_perm} must be a multiple of "
+                             f"--dedup_bands={self.bands} (each band takes the same rows)")
+
+    @property
+    def near(self) -> bool:
+        return self.mode == "near"
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentKeys:
+    """What pass one keeps of a document: under a kilobyte, however long the text is."""
+
+    key: RecordKey
+    content: bytes  # hash of the normalised text
+    bands: tuple[bytes, ...] = ()  # LSH band keys (near mode)
+    signature: bytes = b""  # MinHash signature, little-endian uint32 (near mode)
+
+
+def record_key(record: Record, file_numbers: Mapping[str, int]) -> RecordKey:
+    return (record.input_index, file_numbers[record.source], record.position)
+
+
+@dataclasses.dataclass(frozen=True)
+class DuplicateIndex:
+    """The main pass's side input: the records to drop, each with its reason and survivor."""
+
+    files: tuple[str, ...]  # file number -> path, in path order
+    drops: Mapping[RecordKey, tuple[str, RecordKey]]
+
+    @classmethod
+    def numbering(cls, paths: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(set(paths)))
+
+    @functools.cached_property
+    def file_numbers(self) -> dict[str, int]:
+        return {path: number for number, path in enumerate(self.files)}
+
+    def verdict(self, record: Record) -> tuple[str, str] | None:
+        """(reason, message naming the surviving copy) for a record to drop, else None."""
+        found = self.drops.get(record_key(record, self.file_numbers))
+        if found is None:
+            return None
+        reason, (index, number, position) = found
+        return reason, (f"copy of the document at position {position} of {self.files[number]} "
+                        f"(input {index})")
+
+
+def content_hash(text: str) -> bytes:
+    """128-bit hash of the text: equal normalised texts, equal hashes."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _stable_uint64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+_WORD_HASHES: dict[str, int] = {}  # words repeat across documents: hash each once
+_WORD_HASHES_MAX = 1 << 20  # then start over, so memory stays bounded
+
+
+def _word_hashes(words: Sequence[str]) -> np.ndarray:
+    """Stable 64-bit hashes of distinct words; case and apostrophe style do not count."""
+    found = list(map(_WORD_HASHES.get, words))
+    if None in found:
+        if len(_WORD_HASHES) > _WORD_HASHES_MAX:
+            _WORD_HASHES.clear()
+        for i, word in enumerate(words):
+            if found[i] is None:
+                folded = word.lower().replace("\u2019", "'")
+                found[i] = _WORD_HASHES[word] = _stable_uint64(
+                    folded.encode("utf-8", "surrogatepass"))
+    return np.array(found, dtype=np.uint64)
+
+
+def shingles(stats: TextStats, n: int) -> np.ndarray:
+    """64-bit hashes of the word ``n``-grams of a document (one of all its words if fewer).
+
+    Words are the quality rules' words (``quality.split_words``: punctuation and spacing
+    ignored, each Han or kana character a word), folded and hashed with a stable hash so every
+    process agrees.
+    """
+    if not stats.words:
+        return np.empty(0, dtype=np.uint64)
+    hashes = _word_hashes(list(stats.vocabulary))[stats.word_ids]
+    return ngram_hashes(hashes, min(n, len(stats.words)))
+
+
+class MinHasher:
+    """``num_perm`` seeded hash functions h_i(x) = (a_i * x mod 2**64) >> 32.
+
+    Multiply-shift hashing (Dietzfelbinger et al.) with odd ``a_i``: a universal family, one
+    multiplication per shingle and function, vectorised with numpy. The shift is monotone, so
+    it is applied once to each minimum. The parameters come from blake2b of the seed, so they
+    do not depend on numpy's random streams.
+    """
+
+    def __init__(self, num_perm: int, seed: int = SEED):
+        multipliers = [_stable_uint64(f"{seed}:{i}".encode()) for i in range(num_perm)]
+        self.a = (np.array(multipliers, dtype=np.uint64) | np.uint64(1))[:, None]
+
+    def signature(self, shingle_hashes: np.ndarray) -> np.ndarray:
+        """The minimum of each function over the shingles, as uint32 (all-ones when empty)."""
+        minimum = np.full(len(self.a), np.iinfo(np.uint64).max, dtype=np.uint64)
+        for start in range(0, len(shingle_hashes), _BLOCK):
+            block = shingle_hashes[None, start:start + _BLOCK]
+            np.minimum(minimum, (self.a * block).min(axis=1), out=minimum)
+        return (minimum >> np.uint64(32)).astype("<u4")
+
+
+def band_keys(signature: np.ndarray, bands: int) -> tuple[bytes, ...]:
+    """One key per band of rows; documents that share any band key are candidates."""
+    data = signature.astype("<u4").tobytes()
+    width = len(data) // bands
+    return tuple(
+        hashlib.blake2b(i.to_bytes(2, "little") + data[i * width:(i + 1) * width],
+                        digest_size=8).digest()
+        for i in range(bands))
+
+
+def similarity(signature_a: bytes, signature_b: bytes) -> float:
+    """Estimated Jaccard similarity: the share of MinHash functions that agree."""
+    a, b = np.frombuffer(signature_a, "<u4"), np.frombuffer(signature_b, "<u4")
+    return float(np.mean(a == b))
+
+
+def document_keys(key: RecordKey, stats: TextStats, config: DedupConfig,
+                  hasher: MinHasher | None) -> DocumentKeys:
+    """The keys pass one emits for one document; MinHash keys only with a ``hasher``."""
+    text = stats.text
+    if hasher is None:
+        return DocumentKeys(key, content_hash(text))
+    found = shingles(stats, config.ngram)
+    if not len(found):  # no words: only an exact copy can match it
+        return DocumentKeys(key, content_hash(text))
+    signature = hasher.signature(found)
+    return DocumentKeys(key, content_hash(text), band_keys(signature, config.bands),
+                        signature.tobytes())
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def later_copies(group: tuple[bytes, Iterable[RecordKey]]) -> Iterator[Pair]:
+    """(copy, first) for every key of an exact group but its smallest (``first``)."""
+    _, keys = group
+    first, *others = sorted(keys)
+    for other in others:
+        yield other, first
+
+
+def candidate_pairs(group: tuple[bytes, Iterable[tuple[RecordKey, bytes]]]) -> Iterator[Pair]:
+    """Pairs to verify from one LSH bucket: its smallest member with each other member.
+
+    Exact copies share every bucket and are settled by the exact step, so only the first key
+    per content hash takes part. A member that is not similar to the smallest one may still meet
+    its near copies in another band.
+    """
+    _, members = group
+    first_by_content: dict[bytes, RecordKey] = {}
+    for key, content in sorted(members):
+        first_by_content.setdefault(content, key)
+    first, *others = sorted(first_by_content.values())
+    for other in others:
+        yield first, other
+
+
+def resolve_duplicates(exact: Iterable[Pair],
+                       near: Iterable[Pair]) -> dict[RecordKey, tuple[str, RecordKey]]:
+    """The keys to drop, each with its reason and the key of the copy that survives.
+
+    Verified near pairs are joined into clusters (union-find, the smallest key as root); every
+    member but the root is a near copy. An exact copy names its group's first key, or the root
+    that key's cluster leads to.
+    """
+    parent: dict[RecordKey, RecordKey] = {}  # non-roots only
+
+    def root(key: RecordKey) -> RecordKey:
+        path = []
+        while key in parent:
+            path.append(key)
+            key = parent[key]
+        for node in path:  # path compression
+            parent[node] = key
+        return key
+
+    for a, b in near:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    drops = {key: (DUPLICATE_NEAR, root(key)) for key in list(parent)}
+    for copy, first in exact:
+        drops[copy] = (DUPLICATE_EXACT, root(first))
+    return drops
+
+
+class FindDuplicates(beam.PTransform):
+    """``DocumentKeys`` in; one dict {record key: (reason, surviving key)} out.
+
+    Shuffles: the content hashes, the band keys (record key and content hash per band), and
+    the signatures of documents that have a candidate pair. Exact-only keys carry no bands, so
+    the near-duplicate steps then see nothing.
+    """
+
+    def __init__(self, threshold: float):
+        super().__init__()
+        self.threshold = threshold
+
+    def expand(self, keys):
+        exact = (
+            keys
+            | "ByContent" >> beam.Map(lambda doc: (doc.content, doc.key))
+            | "GroupByContent" >> beam.GroupByKey()
+            | "LaterCopies" >> beam.FlatMap(later_copies)
+            | "CollectCopies" >> beam.combiners.ToList())
+        pairs = (
+            keys
+            | "ByBand" >> beam.FlatMap(lambda doc: ((band, (doc.key, doc.content))
+                                                    for band in doc.bands))
+            | "GroupByBand" >> beam.GroupByKey()
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs))
+        verified = (
+            {
+                "signature": keys | "Signatures" >> beam.FlatMap(
+                    lambda doc: [(doc.key, doc.signature)] if doc.bands else []),
+                "pairs": pairs | "PairsByMember" >> beam.FlatMap(
+                    lambda pair: ((pair[0], pair), (pair[1], pair))),
+            }
+            | "JoinSignatures" >> beam.CoGroupByKey()
+            | "SignaturePerPair" >> beam.FlatMap(_signature_per_pair)
+            | "GroupByPair" >> beam.GroupByKey()
+            | "Verify" >> beam.FlatMap(_verified, self.threshold)
+            | "CollectPairs" >> beam.combiners.ToList())
+        return exact | "Resolve" >> beam.Map(resolve_duplicates,
+                                             beam.pvalue.AsSingleton(verified))
+
+
+def _signature_per_pair(joined: tuple[RecordKey, Mapping[str, list]]) -> Iterator[tuple]:
+    _, sides = joined
+    for signature in sides["signature"]:
+        for pair in sorted(set(sides["pairs"])):  # a pair found in several bands, once
+            yield pair, signature
+
+
+def _verified(pair_signatures: tuple[Pair, Iterable[bytes]], threshold: float) -> list[Pair]:
+    pair, signatures = pair_signatures
+    first, second = list(signatures)
+    return [pair] if similarity(first, second) >= threshold else []

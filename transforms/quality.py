@@ -1,0 +1,416 @@
+"""Quality rules for knowledge documents, in the style of Gopher (Rae et al., 2021) and C4.
+
+Each rule is a small named function ``rule(stats, config) -> reason | None`` with its own
+thresholds in ``QualityConfig`` and its own reason code, so a dropped document always says which
+rule dropped it and why. ``first_failure`` runs the rules cheapest first and returns the first
+reason. ``TextStats`` computes what the rules share (words, lines, paragraphs, n-gram ids) once
+per document and only when a rule asks for it.
+
+Words and scripts. A word is a run of letters, marks, digits and underscores (apostrophes
+inside, as in "don't"); punctuation and symbols are not words. Han characters and kana are one
+word each, since Chinese and Japanese are written without spaces. Hangul is written with spaces
+and counted like Latin text. The mean-word-length rule measures Latin-like alphabets (Gopher
+tuned it on English, where a character is a letter); it is skipped for documents whose letters
+are mostly Han, kana or Hangul (a character is a syllable or a word) or from scripts written
+without spaces (Thai, Lao, Khmer, Myanmar, Tibetan). The other rules are script-neutral.
+
+Ratios over a handful of words or lines are noise, so the mean-word-length and symbol rules
+need 10 words and the line rules 3 lines; the top n-gram must occur 3 times (a phrase said
+twice is style, not keyword stuffing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+# Reason codes (filtered/ files and manifest.json).
+TOO_FEW_WORDS = "too_few_words"
+TOO_MANY_WORDS = "too_many_words"
+MEAN_WORD_LENGTH = "mean_word_length"
+SYMBOL_RATIO = "symbol_ratio"
+ELLIPSIS_LINES = "ellipsis_lines"
+BULLET_LINES = "bullet_lines"
+LOW_ALPHA = "low_alpha_fraction"
+DUPLICATE_LINES = "duplicate_lines"
+DUPLICATE_PARAGRAPHS = "duplicate_paragraphs"
+TOP_NGRAM = "repeated_top_ngram"
+DUPLICATE_NGRAMS = "duplicate_ngrams"
+
+# Kana and Han: one word per character.
+_IDEOGRAPHS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_IDEOGRAPH = re.compile(f"[{_IDEOGRAPHS}]")
+# Scripts where the mean word length in characters says nothing about quality (see above):
+# kana and Han, Hangul, and Thai, Lao, Tibetan, Myanmar and Khmer.
+_SYLLABIC_OR_UNSPACED = re.compile(
+    f"[{_IDEOGRAPHS}\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7ff"
+    "\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff]+")
+# Words: runs of word characters (``\w``: letters, digits, underscore) and of the combining
+# marks that scripts write inside words (Indic and Southeast Asian vowel signs, Arabic and
+# Hebrew points, combining accents), which ``\w`` alone would split "हिन्दी" at; apostrophes
+# inside ("don't"). Plain ``re`` character classes: faster than Unicode-property regexes.
+_MARKS = ("\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670"
+          "\u06d6-\u06ed\u0900-\u0dff\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff"
+          "\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f")
+_APOSTROPHE = "['\u2019]"
+_SPACED_CHAR = f"[\\w{_MARKS}]"
+_SPACED_WORD = re.compile(f"{_SPACED_CHAR}+(?:{_APOSTROPHE}{_SPACED_CHAR}+)*")
+_NON_IDEOGRAPH_CHAR = f"(?:[^\\W{_IDEOGRAPHS}]|[{_MARKS}])"
+_ANY_WORD = re.compile(
+    f"[{_IDEOGRAPHS}]|{_NON_IDEOGRAPH_CHAR}+(?:{_APOSTROPHE}{_NON_IDEOGRAPH_CHAR}+)*")
+_NOT_LETTERS = re.compile(r"[\d_]+")  # the word characters that are not letters or marks
+_COMMON_SPACES = (" ", "\n", "\t", "\u00a0", "\u3000")  # what normalised text has left
+_ELLIPSES = ("...", "…")
+# Characters that start a bulleted line; "-" and "*" only when a space follows (not "--" or
+# "*emphasis*").
+_BULLETS = ("•", "●", "○", "◦", "▪", "▫", "■", "□", "‣", "\u2043", "∙", "·", "➢", "➤", "►",
+            "▶", "✓", "✔", "- ", "* ", "+ ")
+# Ratios over a handful of words or lines are noise ("I am not." has short words, a one-line
+# paragraph that ends in "..." has all its lines cut off): those rules need at least this much.
+RATIO_MIN_WORDS = 10
+RATIO_MIN_LINES = 3
+TOP_NGRAM_MIN_COUNT = 3
+# A large odd multiplier for polynomial n-gram hashes (wraps modulo 2**64; only equality is used).
+_NGRAM_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityConfig:
+    """Thresholds of the quality rules; a bound of 0 turns its check off.
+
+    ``max_top_ngram`` maps n to the largest share of word characters the most frequent n-gram
+    may cover; ``max_duplicate_ngrams`` maps n to the largest share of word characters that
+    may lie in repeated n-grams (occurrences after the first). Defaults are Gopher's, except
+    the word bounds (Gopher keeps 50 to 100,000 words: whole web pages) and the letter
+    fraction, which are loose enough for book paragraphs, verse, whole books and
+    space-tokenised text.
+    """
+
+    min_words: int = 3
+    max_words: int = 1_000_000
+    min_mean_word_length: float = 3.0
+    max_mean_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1
+    max_ellipsis_lines: float = 0.3
+    max_bullet_lines: float = 0.9
+    min_alpha_fraction: float = 0.5
+    max_duplicate_lines: float = 0.3
+    max_duplicate_line_chars: float = 0.2
+    max_duplicate_paragraphs: float = 0.3
+    max_duplicate_paragraph_chars: float = 0.2
+    max_top_ngram: tuple[tuple[int, float], ...] = ((2, 0.20), (3, 0.18), (4, 0.16))
+    max_duplicate_ngrams: tuple[tuple[int, float], ...] = (
+        (5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+
+
+class TextStats:
+    """What the rules measure on one document, each computed on first use."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._ngrams: dict[int, np.ndarray] = {}
+
+    @functools.cached_property
+    def words(self) -> list[str]:
+        return split_words(self.text)
+
+    @functools.cached_property
+    def word_lengths(self) -> np.ndarray:
+        return np.fromiter(map(len, self.words), dtype=np.int64, count=len(self.words))
+
+    @functools.cached_property
+    def word_chars(self) -> int:
+        return int(self.word_lengths.sum())
+
+    @functools.cached_property
+    def letters(self) -> int:
+        """Letters and marks: word characters that are not digits or underscores."""
+        return self.word_chars - sum(map(len, _NOT_LETTERS.findall(self.text)))
+
+    @functools.cached_property
+    def lines(self) -> list[str]:
+        return [line.strip() for line in self.text.split("\n") if line.strip()]
+
+    @functools.cached_property
+    def paragraphs(self) -> list[str]:
+        return [p.strip() for p in self.text.split("\n\n") if p.strip()]
+
+    @functools.cached_property
+    def vocabulary(self) -> dict[str, int]:
+        """The distinct words, each with its id: the order of first occurrence."""
+        return {word: i for i, word in enumerate(dict.fromkeys(self.words))}
+
+    @functools.cached_property
+    def word_ids(self) -> np.ndarray:
+        """Each word's vocabulary id: equal words, equal ids."""
+        return np.fromiter(map(self.vocabulary.__getitem__, self.words), dtype=np.int64,
+                           count=len(self.words))
+
+    def ngram_ids(self, n: int) -> np.ndarray:
+        """One uint64 per n-gram of consecutive words (position i covers words i..i+n-1), as
+        ``ngram_hashes`` computes them; each n is built from n - 1 in one step."""
+        if n not in self._ngrams:
+            if n == 1 or not len(self.words):
+                self._ngrams[n] = ngram_hashes(self.word_ids.astype(np.uint64), n)
+            else:
+                shorter = self.ngram_ids(n - 1)[:-1]
+                self._ngrams[n] = (shorter * _NGRAM_MULTIPLIER
+                                   + self.word_ids[n - 1:].astype(np.uint64))
+        return self._ngrams[n]
+
+
+def split_words(text: str) -> list[str]:
+    """The words of ``text`` as the rules count them (see the module docstring).
+
+    >>> split_words("Don't stop: 床前明月光, 좋은 아침!")
+    ["Don't", 'stop', '床', '前', '明', '月', '光', '좋은', '아침']
+    """
+    # Most text has no ideographs; the pattern that splits them off costs more.
+    return (_ANY_WORD if _IDEOGRAPH.search(text) else _SPACED_WORD).findall(text)
+
+
+def ngram_hashes(word_hashes: np.ndarray, n: int) -> np.ndarray:
+    """Polynomial hashes of every window of ``n`` consecutive values, vectorised.
+
+    >>> hashes = ngram_hashes(np.array([7, 8, 7, 8], dtype=np.uint64), 2)
+    >>> len(hashes), bool(hashes[0] == hashes[2]), bool(hashes[0] == hashes[1])
+    (3, True, False)
+    """
+    count = len(word_hashes) - n + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    hashes = np.zeros(count, dtype=np.uint64)
+    for k in range(n):
+        hashes = hashes * _NGRAM_MULTIPLIER + word_hashes[k:k + count]
+    return hashes
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def _above(value: float, maximum: float) -> bool:
+    return bool(maximum) and value > maximum
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def word_count(stats: TextStats, config: QualityConfig) -> str | None:
+    """Too short to teach anything, or so long it is probably a dump, not a document."""
+    n = len(stats.words)
+    if n < config.min_words:
+        return TOO_FEW_WORDS
+    return TOO_MANY_WORDS if _above(n, config.max_words) else None
+
+
+def mean_word_length(stats: TextStats, config: QualityConfig) -> str | None:
+    """Very short words mean fragments or tables; very long ones, URLs, hashes or base64."""
+    if len(stats.words) < RATIO_MIN_WORDS:
+        return None
+    mean = stats.word_chars / len(stats.words)
+    if mean < config.min_mean_word_length or _above(mean, config.max_mean_word_length):
+        return None if _mostly_syllabic_or_unspaced(stats) else MEAN_WORD_LENGTH
+    return None
+
+
+def _mostly_syllabic_or_unspaced(stats: TextStats) -> bool:
+    return 2 * sum(map(len, _SYLLABIC_OR_UNSPACED.findall(stats.text))) > stats.letters
+
+
+def symbol_ratio(stats: TextStats, config: QualityConfig) -> str | None:
+    """Hash signs and ellipses per word: hashtag spam and truncated teasers."""
+    if len(stats.words) < RATIO_MIN_WORDS:
+        return None
+    symbols = stats.text.count("#") + sum(stats.text.count(e) for e in _ELLIPSES)
+    return SYMBOL_RATIO if _above(_share(symbols, len(stats.words)), config.max_symbol_word_ratio) \
+        else None
+
+
+def ellipsis_lines(stats: TextStats, config: QualityConfig) -> str | None:
+    """Most lines cut off with an ellipsis: snippets of other pages, not text."""
+    if len(stats.lines) < RATIO_MIN_LINES:
+        return None
+    ending = sum(line.endswith(_ELLIPSES) for line in stats.lines)
+    return ELLIPSIS_LINES if _above(_share(ending, len(stats.lines)), config.max_ellipsis_lines) \
+        else None
+
+
+def bullet_lines(stats: TextStats, config: QualityConfig) -> str | None:
+    """Almost every line a bullet point: navigation menus and link lists."""
+    if len(stats.lines) < RATIO_MIN_LINES:
+        return None
+    bulleted = sum(line.startswith(_BULLETS) for line in stats.lines)
+    return BULLET_LINES if _above(_share(bulleted, len(stats.lines)), config.max_bullet_lines) \
+        else None
+
+
+def alpha_fraction(stats: TextStats, config: QualityConfig) -> str | None:
+    """Too few letters among the visible characters: symbol soup, number tables, markup."""
+    visible = len(stats.text) - sum(map(stats.text.count, _COMMON_SPACES))
+    return LOW_ALPHA if _share(stats.letters, visible) < config.min_alpha_fraction else None
+
+
+def duplicate_lines(stats: TextStats, config: QualityConfig) -> str | None:
+    """Many repeated lines (by count or by characters): boilerplate or generated spam."""
+    return _duplicates(stats.lines, len(stats.text), config.max_duplicate_lines,
+                       config.max_duplicate_line_chars, DUPLICATE_LINES)
+
+
+def duplicate_paragraphs(stats: TextStats, config: QualityConfig) -> str | None:
+    """Many repeated paragraphs (by count or by characters)."""
+    return _duplicates(stats.paragraphs, len(stats.text), config.max_duplicate_paragraphs,
+                       config.max_duplicate_paragraph_chars, DUPLICATE_PARAGRAPHS)
+
+
+def _duplicates(items: list[str], text_chars: int, max_items: float, max_chars: float,
+                reason: str) -> str | None:
+    seen: set[str] = set()
+    repeated = repeated_chars = 0
+    for item in items:
+        if item in seen:
+            repeated += 1
+            repeated_chars += len(item)
+        else:
+            seen.add(item)
+    if _above(_share(repeated, len(items)), max_items) or \
+            _above(_share(repeated_chars, text_chars), max_chars):
+        return reason
+    return None
+
+
+def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
+    """One short phrase repeated over much of the text: keyword stuffing."""
+    for n, maximum in sorted(config.max_top_ngram):
+        ids = stats.ngram_ids(n)
+        if not len(ids):
+            break
+        value, count = _most_frequent(ids)
+        if count < TOP_NGRAM_MIN_COUNT:
+            break  # a longer n-gram is never more frequent; a phrase said twice is style
+        first = int(np.argmax(ids == value))
+        chars = int(stats.word_lengths[first:first + n].sum()) * count
+        if _above(_share(chars, stats.word_chars), maximum):
+            return TOP_NGRAM
+    return None
+
+
+def _most_frequent(values: np.ndarray) -> tuple[np.uint64, int]:
+    """The most frequent value (the smallest among ties) and its count, by one sort."""
+    ordered = np.sort(values)
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    counts = np.diff(np.append(starts, len(ordered)))
+    top = int(np.argmax(counts))
+    return ordered[starts[top]], int(counts[top])
+
+
+def duplicate_ngrams(stats: TextStats, config: QualityConfig) -> str | None:
+    """Much of the text inside repeated n-grams: repeated passages, loops, templated pages.
+
+    A word counts once however many repeated n-grams cover it; the first occurrence of each
+    n-gram is not counted as repeated. The words a repeated (n+1)-gram covers are covered by
+    repeated n-grams too, so once the share is under every remaining maximum, larger n cannot
+    fail and are skipped: most documents need one n.
+    """
+    limits = sorted(config.max_duplicate_ngrams)
+    for i, (n, maximum) in enumerate(limits):
+        ids = stats.ngram_ids(n)
+        if not len(ids):
+            break
+        share = _share(int(stats.word_lengths[_repeated_cover(ids, n)].sum()), stats.word_chars)
+        if _above(share, maximum):
+            return DUPLICATE_NGRAMS
+        if all(share <= later for _, later in limits[i + 1:] if later):
+            break
+    return None
+
+
+def _repeated_cover(ids: np.ndarray, n: int) -> np.ndarray:
+    """Which words lie in an n-gram that occurred earlier (boolean, one per word)."""
+    order = np.argsort(ids)
+    ordered = ids[order]
+    new_value = np.concatenate(([True], ordered[1:] != ordered[:-1]))
+    starts = np.flatnonzero(new_value)
+    first = np.minimum.reduceat(order, starts)  # first position of each distinct n-gram
+    repeated = order[order != first[np.cumsum(new_value) - 1]]
+    size = len(ids) + n
+    depth = np.bincount(repeated, minlength=size) - np.bincount(repeated + n, minlength=size)
+    return np.cumsum(depth)[:len(ids) + n - 1] > 0
+
+
+Rule = Callable[[TextStats, QualityConfig], "str | None"]
+# Cheapest first: a document leaves at its first failed rule.
+RULES: tuple[Rule, ...] = (word_count, mean_word_length, symbol_ratio, ellipsis_lines,
+                           bullet_lines, alpha_fraction, duplicate_lines, duplicate_paragraphs,
+                           top_ngram, duplicate_ngrams)
+
+
+_MESSAGES = {
+    TOO_FEW_WORDS: "fewer than {min_words} words",
+    TOO_MANY_WORDS: "more than {max_words} words",
+    MEAN_WORD_LENGTH: "mean word length outside {min_mean_word_length}..{max_mean_word_length}",
+    SYMBOL_RATIO: "more than {max_symbol_word_ratio} '#' or ellipses per word",
+    ELLIPSIS_LINES: "more than {max_ellipsis_lines} of the lines end in an ellipsis",
+    BULLET_LINES: "more than {max_bullet_lines} of the lines start with a bullet",
+    LOW_ALPHA: "letters are under {min_alpha_fraction} of the visible characters",
+    DUPLICATE_LINES: "repeated lines exceed {max_duplicate_lines} of the lines or "
+                     "{max_duplicate_line_chars} of the characters",
+    DUPLICATE_PARAGRAPHS: "repeated paragraphs exceed {max_duplicate_paragraphs} of the "
+                          "paragraphs or {max_duplicate_paragraph_chars} of the characters",
+    TOP_NGRAM: "the most frequent n-gram covers more of the words than n:share "
+               "{max_top_ngram} allows",
+    DUPLICATE_NGRAMS: "repeated n-grams cover more of the words than n:share "
+                      "{max_duplicate_ngrams} allows",
+}
+
+
+def describe(reason: str, config: QualityConfig) -> str:
+    """The rule behind a reason code, with its thresholds, for filtered/ messages."""
+    values = {name: format_ngram_limits(value) if isinstance(value, tuple) else value
+              for name, value in dataclasses.asdict(config).items()}
+    return _MESSAGES[reason].format(**values)
+
+
+def format_ngram_limits(limits: tuple[tuple[int, float], ...]) -> str:
+    """``((2, 0.2), (3, 0.18))`` as ``2:0.2,3:0.18``, the form the options take."""
+    return ",".join(f"{n}:{share:g}" for n, share in limits)
+
+
+def parse_ngram_limits(text: str) -> tuple[tuple[int, float], ...]:
+    """``2:0.2,3:0.18`` as ``((2, 0.2), (3, 0.18))``; an empty string turns the rule off.
+
+    >>> parse_ngram_limits("3:0.18, 2:0.2")
+    ((2, 0.2), (3, 0.18))
+    """
+    limits = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        n, colon, share = item.partition(":")
+        try:
+            limit = (int(n), float(share))
+        except ValueError:
+            limit = None
+        if not colon or limit is None or limit[0] < 1 or not 0.0 <= limit[1] <= 1.0:
+            raise ValueError(f"expected n:share items like 2:0.2 (n >= 1, share in [0, 1]), "
+                             f"got {item!r}")
+        if limit[0] in limits:
+            raise ValueError(f"n={limit[0]} is given twice in {text!r}")
+        limits[limit[0]] = limit[1]
+    return tuple(sorted(limits.items()))
+
+
+def first_failure(stats: TextStats, config: QualityConfig) -> str | None:
+    """The reason code of the first rule the document fails, or None to keep it."""
+    for rule in RULES:
+        reason = rule(stats, config)
+        if reason is not None:
+            return reason
+    return None
+
+
+def quality_reason(text: str, config: QualityConfig = QualityConfig()) -> str | None:
+    """``first_failure`` of ``text``."""
+    return first_failure(TextStats(text), config)
