@@ -1,4 +1,4 @@
-"""Chat-template rendering and assistant-only loss masks that work with any template.
+"""Chat-template rendering, assistant-only loss masks that work with any template, and overflow.
 
 Stock chat templates carry no ``{% generation %}`` markers, so transformers'
 ``return_assistant_tokens_mask`` cannot be relied on. Instead every conversation is rendered
@@ -17,24 +17,53 @@ template writes between turns; the model stops at the end-of-turn token and neve
 and the ``{% generation %}`` blocks of stock templates end before it too. Spans become token
 positions through the tokenizer's character offsets: a token is trained when it overlaps the
 span, the rule transformers applies to generation blocks.
+
+Control-token text in content. A user message that contains the string ``<|im_end|>`` must not
+become the end-of-turn token, or one message could forge turn structure. Conversations whose
+strings hold a control token's text are encoded as transformers'
+``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them: the control tokens the
+template writes stay tokens, the ones in content are encoded as plain text. Every other
+conversation takes the plain path (one batched tokenizer call), whose ids are exactly those of
+``apply_chat_template(tokenize=True)``.
+
+Overflow. A conversation longer than ``max_tokens`` is dropped (``too_long``) or, under
+``truncate``, cut to its longest prefix that ends with an assistant turn and fits: the earliest
+turns are kept, so every trained reply still sees the whole context it answered, and the cut
+conversation is encoded like any other (under ``last_turn_only`` its last assistant turn is
+trained). When not even the first assistant turn fits, it is dropped as ``too_long``.
+
+Rendering calls the tokenizer's compiled template directly, skipping ``apply_chat_template``'s
+per-call copying of the messages: canonical conversations hold only JSON values.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import gc
+import re
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
-from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR
+from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG
 
 if TYPE_CHECKING:
+    from tokenizers import Encoding, Tokenizer
     from transformers import PreTrainedTokenizerBase
 
 TEMPLATE_NOT_PREFIX_STABLE = "template_not_prefix_stable"
+CONTROL_TOKEN_TEXT = "control_token_text"
 IGNORE_INDEX = -100
+OVERFLOW_POLICIES = ("truncate", "drop")
+
+# Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
+_MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +80,12 @@ class EncodedExample:
 
     input_ids: np.ndarray  # int32
     labels: np.ndarray  # int32
+    tokens_cut: int = 0  # tokens the overflow policy removed (0: the whole conversation)
 
 
 @dataclasses.dataclass(frozen=True)
 class RenderError:
-    """A conversation that yields no example, with a reason code for rejected/."""
+    """A conversation that yields no example, with a reason code for rejected/ or filtered/."""
 
     reason: str
     message: str
@@ -65,6 +95,7 @@ class RenderError:
 class _Rendered:
     text: str
     spans: list[tuple[int, int]]  # character spans [start, end) of trained text
+    marked: str | None  # the text with control-token text from content marked, if it has any
 
 
 class _Unrenderable(Exception):
@@ -79,129 +110,314 @@ def encode_conversations(
     conversations: Sequence[Conversation],
     options: MaskOptions,
     system_prompt: str | None = None,
+    max_tokens: int | None = None,
+    overflow: str = "drop",
 ) -> list[EncodedExample | RenderError]:
     """Render, tokenize and mask a batch of conversations; one result per input, in order.
 
     ``system_prompt`` is prepended as a system message to conversations that have none.
-    Rendering is per conversation (so one bad record cannot fail the batch); tokenization is a
-    single batched call over all rendered texts.
+    Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
+    One bad record cannot fail the batch: rendering is per conversation and each failure is a
+    ``RenderError``. The tokenizer must not be used by another thread meanwhile: encoding
+    control-token text as plain text switches its backend's ``encode_special_tokens`` flag.
     """
-    results: list[EncodedExample | RenderError | None] = []
-    rendered: list[_Rendered] = []
-    for conversation in conversations:
-        try:
-            rendered.append(_render(tok, conversation, options, system_prompt))
-            results.append(None)
-        except _Unrenderable as e:
-            results.append(RenderError(e.reason, e.message))
-    if not rendered:
-        return results  # type: ignore[return-value]  # all RenderError
-    encoded = tok(
-        [r.text for r in rendered],
-        add_special_tokens=False,  # chat templates write their own special tokens
-        return_offsets_mapping=True,
-        return_attention_mask=False,
-    )
-    special_ids = None if options.train_end_of_turn else _special_ids(tok)
-    examples = iter(
-        _example(ids, offsets, r.spans, special_ids)
-        for ids, offsets, r in zip(
-            encoded["input_ids"], encoded["offset_mapping"], rendered, strict=True
-        )
-    )
-    return [result if result is not None else next(examples) for result in results]
-
-
-def _render(
-    tok: PreTrainedTokenizerBase,
-    conversation: Conversation,
-    options: MaskOptions,
-    system_prompt: str | None,
-) -> _Rendered:
-    """The full text and the character spans to train, or ``_Unrenderable``."""
-    messages = list(conversation.messages)
-    if system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if options.last_turn_only:
-        turns = turns[-1:]
-    # A turn with nothing to say teaches the model to stop at once; it is not trained.
-    turns = [i for i in turns if messages[i]["content"].strip() or messages[i].get("tool_calls")]
-    if not turns:
-        raise _Unrenderable(NO_TRAINED_TOKENS, "no assistant turn with content to train")
-
-    tools = list(conversation.tools) if conversation.tools else None
-    # Two template calls per conversation: one batch with and one without a generation prompt.
-    closed = [messages[: i + 1] for i in turns if i + 1 < len(messages)]
-    stage = "the conversation"
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
     try:
-        full, *turn_texts = tok.apply_chat_template(
-            [messages, *closed], tools=tools, tokenize=False
-        )
-        # An assistant turn first in the conversation needs the template to render an empty one.
-        stage = "the generation prompts before the assistant turns"
-        prompts = tok.apply_chat_template(
-            [messages[:i] for i in turns], tools=tools, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as e:  # templates are arbitrary code: any failure rejects the record
-        message = f"chat template failed on {stage}: {type(e).__name__}: {e}"
-        raise _Unrenderable(TEMPLATE_ERROR, message) from e
-    if turns[-1] + 1 == len(messages):
-        turn_texts.append(full)
-
-    spans = []
-    for i, prompt, turn in zip(turns, prompts, turn_texts, strict=True):
-        for name, prefix in (("prompt", prompt), ("turn", turn)):
-            if not full.startswith(prefix):
-                at = _first_difference(full, prefix)
-                raise _Unrenderable(
-                    TEMPLATE_NOT_PREFIX_STABLE,
-                    f"the {name} rendering up to assistant message {i} is not a prefix of the "
-                    f"full rendering (they differ at character {at}: {prefix[at : at + 40]!r} vs "
-                    f"{full[at : at + 40]!r})",
-                )
-        if len(prompt) > len(turn):
-            raise _Unrenderable(
-                TEMPLATE_NOT_PREFIX_STABLE,
-                f"the generation prompt before assistant message {i} is not a prefix of the turn",
-            )
-        spans.append((len(prompt), max(len(prompt), len(turn.rstrip()))))
-    return _Rendered(full, spans)
+        encoder = _Encoder(tok, options, system_prompt)
+    except Exception as e:  # no chat template, or one that does not compile: every record says why
+        message = f"chat template unusable: {type(e).__name__}: {e}"
+        return [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
+    results = encoder.encode(conversations)
+    if max_tokens is not None:
+        for k, result in enumerate(results):
+            if isinstance(result, EncodedExample) and len(result.input_ids) > max_tokens:
+                results[k] = encoder.fit(conversations[k], result, max_tokens, overflow)
+    return results
 
 
-def _example(
-    ids: list[int],
-    offsets: list[tuple[int, int]],
-    spans: list[tuple[int, int]],
-    special_ids: frozenset[int] | None,
-) -> EncodedExample | RenderError:
-    input_ids = np.asarray(ids, dtype=np.int32)
-    labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
-    if len(input_ids):
-        bounds = np.asarray(offsets, dtype=np.int64)
-        for first, stop in _token_ranges(bounds[:, 0], bounds[:, 1], spans):
+class _Encoder:
+    """What encoding needs from one tokenizer and template, looked up once per batch."""
+
+    def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
+                 system_prompt: str | None) -> None:
+        self.backend: Tokenizer = tok.backend_tokenizer
+        self.options = options
+        self.system_prompt = system_prompt
+        sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
+                   for has_tools in (False, True)}
+        self.templates = {k: _compile_jinja_template(t) for k, t in sources.items()}
+        self.template_kwargs = dict(tok.special_tokens_map)
+        controls = _control_tokens(tok, tuple(sources.values()))
+        self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
+        self.control_re = _alternation(controls)
+        self.markers_re = re.compile(
+            f"{_MARK_START}({self.control_re.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]")
+        self.end_ids = None if options.train_end_of_turn else _special_ids(tok)
+
+    def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | RenderError]:
+        results: list[EncodedExample | RenderError | None] = []
+        rendered: list[_Rendered] = []
+        for conversation in conversations:
+            try:
+                rendered.append(self._render(conversation))
+                results.append(None)
+            except _Unrenderable as e:
+                results.append(RenderError(e.reason, e.message))
+        plain = [r.text for r in rendered if r.marked is None]
+        # Offsets are millions of small tuples: a cyclic collection meanwhile would scan them all.
+        with _gc_paused():
+            encodings = iter(self.backend.encode_batch(plain, add_special_tokens=False))
+            examples = iter([self._example(r, None if r.marked else next(encodings))
+                             for r in rendered])
+        return [result if result is not None else next(examples) for result in results]
+
+    def fit(self, conversation: Conversation, example: EncodedExample, max_tokens: int,
+            overflow: str) -> EncodedExample | RenderError:
+        """The overflow policy for one conversation longer than ``max_tokens``."""
+        too_long = f"{len(example.input_ids)} tokens > seq_len {max_tokens}"
+        if overflow == "drop":
+            return RenderError(TOO_LONG, too_long)
+        messages = self._messages(conversation)
+        ends = [i + 1 for i, m in enumerate(messages[:-1]) if _trainable(m)]
+        # Longer prefixes render to more tokens: binary search for the longest that fits.
+        best, low, high = None, 0, len(ends) - 1
+        while low <= high:
+            middle = (low + high) // 2
+            prefix = Conversation(tuple(messages[: ends[middle]]), conversation.tools)
+            (result,) = self.encode([prefix])
+            if isinstance(result, EncodedExample) and len(result.input_ids) <= max_tokens:
+                best, low = result, middle + 1
+            else:
+                high = middle - 1
+        if best is None:
+            return RenderError(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
+                               "assistant turn fits")
+        return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
+
+    def _messages(self, conversation: Conversation) -> list[dict]:
+        messages = list(conversation.messages)
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
+                     generation_prompt: bool = False) -> str:
+        return self.templates[tools is not None].render(
+            messages=messages, tools=tools, documents=None,
+            add_generation_prompt=generation_prompt, **self.template_kwargs)
+
+    def _render(self, conversation: Conversation) -> _Rendered:
+        """The full text and the character spans to train, or ``_Unrenderable``."""
+        messages = self._messages(conversation)
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if self.options.last_turn_only:
+            turns = turns[-1:]
+        # A turn with nothing to say teaches the model to stop at once; it is not trained.
+        turns = [i for i in turns if _trainable(messages[i])]
+        if not turns:
+            raise _Unrenderable(NO_TRAINED_TOKENS, "no assistant turn with content to train")
+
+        tools = list(conversation.tools) if conversation.tools else None
+        stage = "the conversation"
+        try:
+            full = self._render_text(messages, tools)
+            prefixes = []
+            for i in turns:
+                # An assistant turn first in the conversation needs the template to render an
+                # empty history with a generation prompt.
+                stage = f"the generation prompt before assistant message {i}"
+                prompt = self._render_text(messages[:i], tools, generation_prompt=True)
+                stage = f"the conversation up to assistant message {i}"
+                last = i + 1 == len(messages)
+                prefixes.append((prompt, full if last else self._render_text(messages[: i + 1],
+                                                                             tools)))
+            marked = None
+            if self._holds_control_text(messages, tools):
+                stage = "the conversation with control-token text marked"
+                marked = self._render_text(_mark(messages, self.control_re),
+                                           _mark(tools, self.control_re))
+        except Exception as e:  # templates are arbitrary code: any failure rejects the record
+            message = f"chat template failed on {stage}: {type(e).__name__}: {e}"
+            raise _Unrenderable(TEMPLATE_ERROR, message) from e
+        spans = [_span(full, prompt, turn, i) for i, (prompt, turn) in zip(turns, prefixes,
+                                                                            strict=True)]
+        if marked is not None and self.markers_re.sub(_unmark, marked) != full:
+            raise _Unrenderable(CONTROL_TOKEN_TEXT, "the template alters content that holds "
+                                "control-token text, so it cannot be kept as plain text")
+        return _Rendered(full, spans, marked)
+
+    def _holds_control_text(self, messages: list[dict], tools: list[dict] | None) -> bool:
+        search = self.control_re.search
+        if any(search(m["content"]) for m in messages):
+            return True
+        calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
+        return any(search(text) for text in _strings((calls, tools)))
+
+    def _example(self, rendered: _Rendered, plain: Encoding | None) -> EncodedExample | RenderError:
+        if rendered.marked is None:
+            ids, offsets = plain.ids, plain.offsets
+        else:
+            try:
+                ids, offsets = self._encode_marked(rendered.marked)
+            except _Unrenderable as e:
+                return RenderError(e.reason, e.message)
+        input_ids = np.asarray(ids, dtype=np.int32)
+        labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
+        for first, stop in _token_ranges(offsets, rendered.spans):
             end = stop
-            if special_ids is not None:
-                while end > first and int(input_ids[end - 1]) in special_ids:
+            if self.end_ids is not None:
+                while end > first and int(input_ids[end - 1]) in self.end_ids:
                     end -= 1
             labels[first:end] = input_ids[first:end]
-    if not (labels != IGNORE_INDEX).any():
-        return RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
-    return EncodedExample(input_ids, labels)
+        if not (labels != IGNORE_INDEX).any():
+            return RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
+        return EncodedExample(input_ids, labels)
+
+    def _encode_marked(self, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and offsets (into the unmarked text) of a marked rendering.
+
+        As in transformers' ``encode_marked_chat``: the text between marked tokens is encoded
+        normally, each marked token as plain text, each piece after the first behind a newline
+        that is then dropped (so a SentencePiece tokenizer adds no prefix space).
+        """
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        position = 0
+        for k, piece in enumerate(self.markers_re.split(marked)):
+            if not piece:  # an empty text piece, or None for a lone marker
+                continue
+            as_text = k % 2 == 1
+            piece_ids, piece_offsets = self._encode_piece(piece, as_text, first=k == 0)
+            if as_text and self.control_ids.intersection(piece_ids):
+                raise _Unrenderable(CONTROL_TOKEN_TEXT, f"the tokenizer encodes {piece!r} as a "
+                                    "control token even as plain text")
+            ids += piece_ids
+            offsets += [(position + a, position + b) for a, b in piece_offsets]
+            position += len(piece)
+        return ids, offsets
+
+    def _encode_piece(self, piece: str, as_text: bool, first: bool
+                      ) -> tuple[list[int], list[tuple[int, int]]]:
+        backend = self.backend
+        backend.encode_special_tokens = as_text
+        try:
+            if not first:
+                newline = backend.encode("\n", add_special_tokens=False).ids
+                encoding = backend.encode("\n" + piece, add_special_tokens=False)
+                if encoding.ids[: len(newline)] == newline:
+                    shifted = [(a - 1, b - 1) for a, b in encoding.offsets[len(newline) :]]
+                    return encoding.ids[len(newline) :], shifted
+            encoding = backend.encode(piece, add_special_tokens=False)
+            return encoding.ids, encoding.offsets
+        finally:
+            backend.encode_special_tokens = False
+
+
+def _trainable(message: dict) -> bool:
+    """An assistant message with something to say: content or tool calls."""
+    return message["role"] == "assistant" and bool(
+        message["content"].strip() or message.get("tool_calls"))
+
+
+def _span(full: str, prompt: str, turn: str, i: int) -> tuple[int, int]:
+    """The trained character span of assistant message ``i``; checks prefix stability."""
+    for name, prefix in (("prompt", prompt), ("turn", turn)):
+        if not full.startswith(prefix):
+            at = _first_difference(full, prefix)
+            raise _Unrenderable(
+                TEMPLATE_NOT_PREFIX_STABLE,
+                f"the {name} rendering up to assistant message {i} is not a prefix of the "
+                f"full rendering (they differ at character {at}: {prefix[at : at + 40]!r} vs "
+                f"{full[at : at + 40]!r})",
+            )
+    if len(prompt) > len(turn):
+        raise _Unrenderable(
+            TEMPLATE_NOT_PREFIX_STABLE,
+            f"the generation prompt before assistant message {i} is not a prefix of the turn",
+        )
+    return len(prompt), max(len(prompt), len(turn.rstrip()))
 
 
 def _token_ranges(
-    starts: np.ndarray, ends: np.ndarray, spans: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
+    offsets: list[tuple[int, int]], spans: list[tuple[int, int]]
+) -> Iterator[tuple[int, int]]:
     """Token index ranges [first, stop) of the tokens overlapping each character span.
 
     Offsets of a tokenization are non-decreasing, so the first token ending after the span's
-    start and the last token starting before its end are found by binary search.
+    start and the first token starting at or after its end are found by binary search.
     """
-    span_array = np.asarray([s for s in spans if s[1] > s[0]], dtype=np.int64).reshape(-1, 2)
-    firsts = np.searchsorted(ends, span_array[:, 0], side="right")
-    stops = np.searchsorted(starts, span_array[:, 1], side="left")
-    return [(int(a), int(b)) for a, b in zip(firsts, stops, strict=True) if b > a]
+    for start, end in spans:
+        if end > start:
+            first = bisect.bisect_right(offsets, start, key=itemgetter(1))
+            stop = bisect.bisect_left(offsets, end, key=itemgetter(0))
+            if stop > first:
+                yield first, stop
+
+
+def _control_tokens(tok: PreTrainedTokenizerBase, templates: tuple[str, ...]) -> tuple[str, ...]:
+    """The added tokens that structure a chat, as transformers' ``sanitize_control_tokens``
+    defines them: special tokens, plus ``tok.chat_control_tokens`` where the tokenizer lists
+    them, else the added tokens the template itself writes (whitespace tokens excepted)."""
+    listed = getattr(tok, "chat_control_tokens", None)
+    text = "\0".join(templates)
+
+    def is_control(token: Any) -> bool:
+        if token.special:
+            return True
+        if listed is not None:
+            return token.content in listed
+        return token.content in text and not token.content.isspace()
+
+    return tuple(t.content for t in tok.added_tokens_decoder.values() if is_control(t))
+
+
+def _alternation(tokens: tuple[str, ...]) -> re.Pattern:
+    """A regex matching any of ``tokens``, longest first; a first-character class lets the
+    search skip quickly over text that cannot start one."""
+    if not tokens:
+        return re.compile("(?!)")  # matches nothing
+    ordered = sorted(tokens, key=len, reverse=True)
+    starts = "".join(sorted({re.escape(t[0]) for t in ordered}))
+    return re.compile(f"(?=[{starts}])(?:{'|'.join(map(re.escape, ordered))})")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside nested lists, tuples and dict values."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _mark(value: Any, pattern: re.Pattern) -> Any:
+    """A copy of ``value`` with every control token's text in its strings wrapped in markers."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: f"{_MARK_START}{m.group()}{_MARK_END}", value)
+    if isinstance(value, dict):
+        return {key: _mark(item, pattern) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mark(item, pattern) for item in value]
+    return value
+
+
+def _unmark(match: re.Match) -> str:
+    return match.group(1) or ""
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _first_difference(a: str, b: str) -> int:

@@ -1,30 +1,50 @@
 """The instruction branch: records to packed SFT sequences with assistant-only loss.
 
-Each chunk is adapted to canonical conversations, rendered with the chat template and masked
-(one batched tokenizer call), held to ``seq_len``, and packed best-fit-decreasing within the
-chunk; the under-filled packs of all chunks are packed again together in a few ordered groups.
-Packed rows depend only on the input.
+Each chunk is checked against its format's schema (the record as the user stores it), adapted
+to canonical conversations and held to the conversation rules, rendered with the chat template
+and masked (one batched tokenizer call), held to ``seq_len`` by the overflow policy, and packed
+best-fit-decreasing within the chunk; the under-filled packs of all chunks are packed again
+together in a few ordered groups. Packed rows depend only on the input.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms import records as R
-from transforms.adapters import AdaptError, Conversation, to_conversation
-from transforms.chat_template import EncodedExample, MaskOptions, RenderError, encode_conversations
+from transforms.adapters import FORMATS, AdaptError, Conversation, to_conversation
+from transforms.chat_template import (
+    OVERFLOW_POLICIES,
+    EncodedExample,
+    MaskOptions,
+    RenderError,
+    encode_conversations,
+)
 from transforms.option_types import boolean, non_negative_int, positive_int
-from transforms.packing import build_packed_rows, pack_best_fit_decreasing
+from transforms.packing import IGNORE_INDEX, build_packed_rows, pack_best_fit_decreasing
 from transforms.records import Record, RecordChunk, Rejection
+from transforms.schema import (
+    ConversationLimits,
+    Invalid,
+    RecordSchema,
+    check_conversation,
+    load_schemas,
+)
 from transforms.steps import PARTS, STATS, TAILS, ChunkStep, GatherTails, Part, apply_step
-from transforms.tokenizer import load_tokenizer
+from transforms.tokenizer import end_of_text_id, load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SFT = "sft"
 GROUP = "instruction branch"
@@ -69,6 +89,44 @@ class InstructionOptions(PipelineOptions):
         group.add_argument(
             "--max_segments_per_pack", type=non_negative_int, default=0,
             help="Cap on examples per packed sequence; 0 means no cap (default).")
+        group.add_argument(
+            "--schema", action="append", default=None, metavar="FORMAT=PATH",
+            help="A tensorflow-metadata Schema (.pbtxt, local or gs://) that replaces the "
+            f"built-in one of an instruction format ({', '.join(FORMATS)}); repeat the option "
+            "or give a comma-separated list.")
+        group.add_argument(
+            "--max_turns", type=non_negative_int, default=0,
+            help="Reject conversations with more messages than this (too_many_turns); 0 means "
+            "no limit (default).")
+        group.add_argument(
+            "--max_chars", type=non_negative_int, default=0,
+            help="Reject conversations with more characters of message content than this "
+            "(too_many_chars); 0 means no limit (default).")
+        group.add_argument(
+            "--overflow", choices=OVERFLOW_POLICIES, default="truncate",
+            help="Conversations longer than --seq_len: truncate them to the earliest turns that "
+            "fit, ending with a complete assistant turn (default), or drop them; either way one "
+            "with nothing left to train is filtered as too_long.")
+        group.add_argument(
+            "--pad_to_seq_len", type=boolean, default=False,
+            help="Pad every packed sequence to exactly --seq_len tokens for trainers that need "
+            "fixed shapes: the pad run is one more segment of pad tokens with no loss "
+            "(default false: no padding).")
+
+
+def parse_schema_options(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """``FORMAT=PATH`` values (repeated or comma-separated) as sorted ``(format, path)`` pairs."""
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for value in values or () for part in value.split(",")):
+        if not item:
+            continue
+        fmt, sep, path = item.partition("=")
+        if not sep or not path:
+            raise ValueError(f"--schema {item!r}: expected FORMAT=PATH, e.g. alpaca=my.pbtxt")
+        if fmt in pairs:
+            raise ValueError(f"--schema gives format {fmt!r} twice")
+        pairs[fmt] = path
+    return tuple(sorted(pairs.items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,68 +137,114 @@ class InstructionConfig:
     assistant_turns: str
     train_end_of_turn: bool
     max_segments_per_pack: int
+    schemas: tuple[tuple[str, str], ...] = ()  # (format, path) of user schemas
+    max_turns: int = 0
+    max_chars: int = 0
+    overflow: str = "truncate"
+    pad_to_seq_len: bool = False
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> InstructionConfig:
+        """Reads the options; a bad or unreadable ``--schema`` is a ValueError here, early."""
         view = options.view_as(InstructionOptions)
-        return cls(seq_len=view.seq_len, chat_template=view.chat_template,
-                   system_prompt=view.system_prompt, assistant_turns=view.assistant_turns,
-                   train_end_of_turn=view.train_end_of_turn,
-                   max_segments_per_pack=view.max_segments_per_pack)
+        config = cls(seq_len=view.seq_len, chat_template=view.chat_template,
+                     system_prompt=view.system_prompt, assistant_turns=view.assistant_turns,
+                     train_end_of_turn=view.train_end_of_turn,
+                     max_segments_per_pack=view.max_segments_per_pack,
+                     schemas=parse_schema_options(view.schema), max_turns=view.max_turns,
+                     max_chars=view.max_chars, overflow=view.overflow,
+                     pad_to_seq_len=view.pad_to_seq_len)
+        config.load_schemas()
+        return config
+
+    def load_schemas(self) -> dict[str, RecordSchema]:
+        return load_schemas(dict(self.schemas))
 
     @property
     def mask_options(self) -> MaskOptions:
         return MaskOptions(last_turn_only=self.assistant_turns == "last",
                            train_end_of_turn=self.train_end_of_turn)
 
+    @property
+    def limits(self) -> ConversationLimits:
+        return ConversationLimits(max_turns=self.max_turns, max_chars=self.max_chars)
+
+
+class ValidateRecords(ChunkStep):
+    """Checks every record, as the user stores it, against the schema of its format."""
+
+    step_name = "validate"
+
+    def __init__(self, schemas: dict[str, RecordSchema]):
+        self.schemas = schemas
+
+    def run(self, chunk: RecordChunk) -> Iterator[RecordChunk]:
+        kept = []
+        for record in chunk.records:
+            try:
+                self.schemas[record.format].check(record.value)
+            except Invalid as error:
+                self.drop(Rejection.of(record, error.reason, error.message))
+                continue
+            kept.append(record)
+        if kept:
+            yield RecordChunk(chunk.chunk_id, tuple(kept))
+
 
 class AdaptConversations(ChunkStep):
-    """Turns every instruction format into the canonical ``messages`` form."""
+    """Turns every instruction format into the canonical ``messages`` form and holds it to the
+    conversation rules (an assistant turn, role order, no empty reply, size limits)."""
 
     step_name = "adapt"
+
+    def __init__(self, limits: ConversationLimits):
+        self.limits = limits
 
     def run(self, chunk: RecordChunk) -> Iterator[ConversationChunk]:
         kept, conversations = [], []
         for record in chunk.records:
             try:
-                conversations.append(to_conversation(record.value, record.format))
-            except AdaptError as error:
-                self.drop(Rejection.of(record, error.reason, str(error)))
+                conversation = to_conversation(record.value, record.format)
+                check_conversation(conversation, self.limits)
+            except (AdaptError, Invalid) as error:
+                self.drop(Rejection.of(record, error.reason, error.message))
                 continue
             kept.append(record)
+            conversations.append(conversation)
         if kept:
             yield ConversationChunk(chunk.chunk_id, tuple(kept), tuple(conversations))
 
 
 class EncodeConversations(ChunkStep):
-    """Renders with the chat template, masks the loss to assistant tokens, enforces seq_len."""
+    """Renders with the chat template, masks the loss to assistant tokens, applies the overflow
+    policy at ``seq_len``."""
 
     step_name = "encode"
 
-    def __init__(self, tokenizer: str, chat_template: str | None, options: MaskOptions,
-                 system_prompt: str | None, seq_len: int):
+    def __init__(self, tokenizer: str, config: InstructionConfig):
         self.tokenizer_spec = tokenizer
-        self.chat_template = chat_template
-        self.options = options
-        self.system_prompt = system_prompt
-        self.seq_len = seq_len
+        self.config = config
 
     def setup(self) -> None:
-        self.tokenizer = load_tokenizer(self.tokenizer_spec, self.chat_template)
+        # A private copy: encoding switches the backend's special-token flag, and the loaded
+        # tokenizer is shared with every other step (and thread) of the process.
+        self.tokenizer = copy.deepcopy(load_tokenizer(self.tokenizer_spec,
+                                                      self.config.chat_template))
 
     def run(self, chunk: ConversationChunk) -> Iterator[EncodedChunk]:
-        results = encode_conversations(self.tokenizer, chunk.conversations, self.options,
-                                       self.system_prompt)
+        config = self.config
+        results = encode_conversations(self.tokenizer, chunk.conversations, config.mask_options,
+                                       config.system_prompt, config.seq_len, config.overflow)
         kept = []
         for record, result in zip(chunk.records, results, strict=True):
             if isinstance(result, RenderError):
-                self.drop(Rejection.of(record, result.reason, result.message))
-            elif len(result.input_ids) > self.seq_len:
-                self.drop(Rejection.of(record, R.TOO_LONG,
-                                       f"{len(result.input_ids)} tokens > seq_len {self.seq_len}"),
-                          kind="filtered")
-            else:
-                kept.append(result)
+                kind = "filtered" if result.reason == R.TOO_LONG else "rejected"
+                self.drop(Rejection.of(record, result.reason, result.message), kind=kind)
+                continue
+            kept.append(result)
+            if result.tokens_cut:
+                self.count("instruction.truncated")
+                self.count("instruction.truncated_tokens", result.tokens_cut)
         self.count("instruction.examples", len(kept))
         self.count("instruction.tokens", sum(len(e.input_ids) for e in kept))
         self.count("instruction.trained_tokens", sum(int(np.count_nonzero(e.labels != -100))
@@ -153,14 +257,17 @@ class PackSequences(ChunkStep):
     """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens.
 
     Packs filled below ``FULL_PACK`` (the last few that best-fit-decreasing opens) go on as the
-    chunk's tail and are packed again with other chunks' tails, unless ``final``.
+    chunk's tail and are packed again with other chunks' tails, unless ``final``. With a
+    ``pad_id``, each row's free room becomes one more segment of pad tokens with no loss.
     """
 
     step_name = "pack"
 
-    def __init__(self, seq_len: int, max_segments: int | None, final: bool = False):
+    def __init__(self, seq_len: int, max_segments: int | None, pad_id: int | None = None,
+                 final: bool = False):
         self.seq_len = seq_len
         self.max_segments = max_segments
+        self.pad_id = pad_id
         self.final = final
 
     def run(self, chunk: EncodedChunk) -> Iterator[beam.pvalue.TaggedOutput]:
@@ -169,8 +276,7 @@ class PackSequences(ChunkStep):
         bins = pack_best_fit_decreasing(lengths, self.seq_len, self.max_segments)
         full = [b for b in bins if self.final or self._is_full(b, lengths)]
         if full:
-            table = build_packed_rows([e.input_ids for e in examples],
-                                      [e.labels for e in examples], full)
+            table = self._rows(examples, lengths, full)
             self.count("instruction.packs", table.num_rows)
             yield beam.pvalue.TaggedOutput(PARTS, Part(SFT, chunk.chunk_id, self.step_name, table))
         if len(full) < len(bins):
@@ -182,30 +288,53 @@ class PackSequences(ChunkStep):
         return (lengths[members].sum() >= FULL_PACK * self.seq_len
                 or len(members) == self.max_segments)
 
+    def _rows(self, examples: Sequence[EncodedExample], lengths: np.ndarray,
+              bins: list[np.ndarray]) -> pa.Table:
+        ids = [e.input_ids for e in examples]
+        labels = [e.labels for e in examples]
+        if self.pad_id is not None:
+            rooms = [self.seq_len - int(lengths[b].sum()) for b in bins]
+            self.count("instruction.pad_tokens", sum(rooms))
+            bins = [np.append(b, len(ids) + k) if room else b
+                    for k, (b, room) in enumerate(zip(bins, rooms, strict=True))]
+            ids += [np.full(room, self.pad_id, np.int32) for room in rooms]
+            labels += [np.full(room, IGNORE_INDEX, np.int32) for room in rooms]
+        return build_packed_rows(ids, labels, bins)
+
+
+def pad_token_id(tok: PreTrainedTokenizerBase) -> int:
+    """The tokenizer's pad token, else its end-of-text token (Qwen: ``<|endoftext|>``)."""
+    return tok.pad_token_id if tok.pad_token_id is not None else end_of_text_id(tok)
+
 
 class InstructionBranch(beam.PTransform):
     """Instruction chunks in; packed SFT parts, dropped-record parts and stats out."""
 
     def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int):
         super().__init__()
-        self.encode = EncodeConversations(tokenizer, config.chat_template, config.mask_options,
-                                          config.system_prompt, config.seq_len)
+        self.schemas = config.load_schemas()
+        self.limits = config.limits
+        self.encode = EncodeConversations(tokenizer, config)
         self.seq_len = config.seq_len
         self.max_segments = config.max_segments_per_pack or None
+        self.pad_id = (pad_token_id(load_tokenizer(tokenizer, config.chat_template))
+                       if config.pad_to_seq_len else None)
         self.tail_buckets = tail_buckets
 
     def expand(self, chunks):
-        adapted = apply_step(chunks, "Adapt", AdaptConversations())
+        validated = apply_step(chunks, "Validate", ValidateRecords(self.schemas))
+        adapted = apply_step(validated.main, "Adapt", AdaptConversations(self.limits))
         encoded = apply_step(adapted.main, "RenderAndMask", self.encode)
-        packed = apply_step(encoded.main, "Pack", PackSequences(self.seq_len, self.max_segments),
-                            TAILS)
+        packed = apply_step(encoded.main, "Pack",
+                            PackSequences(self.seq_len, self.max_segments, self.pad_id), TAILS)
         tails = (packed[TAILS]
                  | "GatherTails" >> GatherTails(self.tail_buckets)
                  | "JoinTails" >> beam.Map(lambda group: EncodedChunk(
                      group.chunk_id, tuple(itertools.chain.from_iterable(group.items)))))
         repacked = apply_step(tails, "PackTails",
-                              PackSequences(self.seq_len, self.max_segments, final=True))
-        steps = (adapted, encoded, packed, repacked)
+                              PackSequences(self.seq_len, self.max_segments, self.pad_id,
+                                            final=True))
+        steps = (validated, adapted, encoded, packed, repacked)
         parts = tuple(s[PARTS] for s in steps) | "InstructionParts" >> beam.Flatten()
         stats = tuple(s[STATS] for s in steps) | "InstructionStats" >> beam.Flatten()
         return parts, stats
