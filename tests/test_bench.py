@@ -1,0 +1,72 @@
+"""Smoke tests of the benchmark harness's parts on tiny inputs (``make bench`` runs the whole).
+
+No timings are asserted: the harness's numbers depend on the machine.
+"""
+
+import collections
+import os
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from bench import checks, corpus, proc, report
+
+
+def test_clean_is_a_fixed_point_and_removes_what_normalisers_remove():
+    text = "\ufeffCafe\u0301  au\u200b lait \r\n\r\n\r\n\r\nNext\t\xa0line\x85 "
+    cleaned = corpus.clean(text)
+    assert cleaned == "Café au lait\n\nNext line"
+    assert corpus.clean(cleaned) == cleaned
+
+
+def test_copies_keep_every_sentence_but_no_document():
+    documents = corpus.base_documents()
+    copy = corpus.reshuffled(documents, seed=1)
+    assert len(copy) == len(documents)
+    assert not set(copy) & set(documents)  # deduplication cannot fold a copy into the corpus
+
+    def words(docs):
+        return collections.Counter(w for d in docs for w in d.split())
+
+    assert words(copy) == words(documents)
+
+
+def test_knowledge_inputs_are_written_once_with_their_record_counts(tmp_path):
+    knowledge = corpus.knowledge(tmp_path, 0.01)
+    assert sum(pq.read_metadata(f).num_rows for f in knowledge.files) == knowledge.records > 0
+    assert corpus.knowledge(tmp_path, 0.01) == knowledge  # cached
+
+
+def test_peak_memory_counts_the_whole_process_tree():
+    child = "import time; x = bytearray(200 * 2**20); time.sleep(1)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    measured = proc.run([sys.executable, "-c", parent], os.environ, os.getcwd(), "tree")
+    assert measured.peak_rss_mb > 200
+    assert measured.cpu_s >= 0 and measured.others_cpu_s >= 0
+
+
+def test_a_failing_command_raises_with_its_output():
+    with pytest.raises(RuntimeError, match="boom"):
+        proc.run([sys.executable, "-c", "raise SystemExit('boom')"], os.environ, os.getcwd(),
+                 "failing")
+
+
+def test_the_generated_section_is_replaced_and_the_notes_kept(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    report.write_section(path, "first\n")
+    assert path.read_text().endswith(f"{report.BEGIN}\nfirst\n{report.END}\n")
+    path.write_text(f"notes before\n{report.BEGIN}\nfirst\n{report.END}\nnotes after\n")
+    report.write_section(path, "second\n")
+    assert path.read_text() == f"notes before\n{report.BEGIN}\nsecond\n{report.END}\nnotes after\n"
+
+
+def test_checks_refuse_wrong_counts():
+    checks.datasets_run({"tokens": 10, "tokens_in_blocks": 8, "blocks": 4, "dropped_tokens": 2},
+                        ceiling_tokens=10, block_size=2)
+    with pytest.raises(checks.CheckFailed, match="ceiling"):
+        checks.datasets_run({"tokens": 9, "tokens_in_blocks": 8, "blocks": 4,
+                             "dropped_tokens": 1}, ceiling_tokens=10, block_size=2)
+    with pytest.raises(checks.CheckFailed, match="truncated"):
+        checks.trl_run({"examples": 3, "packed_tokens": 5, "tokens": 6, "longest_pack": 4},
+                       examples=3, seq_len=4)
