@@ -1,7 +1,7 @@
 """A corpus of hostile inputs, run through the whole pipeline at once.
 
 Each file ends in a branch or in rejected/ / filtered/ with a precise reason, none stops the
-run, the manifest still balances, and peak memory stays bounded although one line is 50 MB.
+run, the manifest still balances, and peak memory stays bounded although one line is 200 MB.
 """
 
 import gzip
@@ -13,6 +13,8 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+
+BIG_LINE_MB = 200
 
 
 def jsonl(*values) -> bytes:
@@ -55,7 +57,7 @@ def run(tmp_path_factory):
     inputs = tmp_path_factory.mktemp("hostile")
     for name, data in HOSTILE.items():
         (inputs / name).write_bytes(data)
-    big = b'{"text": "' + b"x" * (50 << 20) + b'"}\n'
+    big = b'{"text": "' + b"x" * (BIG_LINE_MB << 20) + b'"}\n'
     (inputs / "big_line.jsonl").write_bytes(big + jsonl({"text": doc("the line after")}))
     output = tmp_path_factory.mktemp("out")
     child = subprocess.Popen(
@@ -104,5 +106,7 @@ def test_the_run_balances_and_memory_stays_bounded(run):
     assert records["balanced"] is True
     assert sum(records["rejected"].values()) + sum(records["filtered"].values()) == len(dropped)
     assert manifest["instruction"]["truncated"] >= 1
-    # The 50 MB line is refused while it streams in (only a capped prefix is kept).
-    assert peak_mb < 1200, peak_mb
+    # The big line is refused while it streams in (only a capped prefix is kept): the run's
+    # peak stays near the pipeline's usual ~1.0-1.3 GB, far below what holding the line as
+    # bytes, text and parsed JSON would add (3 x 200 MB and more).
+    assert peak_mb < 1700, peak_mb
