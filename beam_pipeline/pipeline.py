@@ -33,7 +33,13 @@ from transforms.knowledge import (
     KnowledgeBranch,
     KnowledgeOptions,
 )
-from transforms.manifest import RejectRateError, read_manifest, sum_counters, summary_lines
+from transforms.manifest import (
+    RejectRateError,
+    RowCountError,
+    read_manifest,
+    sum_counters,
+    summary_lines,
+)
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
 from transforms.records import INSTRUCTION, KNOWLEDGE, ShardSpec
@@ -163,6 +169,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     try:
         execute(plan)
-    except RejectRateError as error:
+    except (RejectRateError, RowCountError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -4,8 +4,10 @@ import pytest
 
 from transforms.manifest import (
     RejectRateError,
+    RowCountError,
     build_manifest,
     check_reject_fraction,
+    check_rows_written,
     sum_counters,
     summary_lines,
 )
@@ -64,3 +66,15 @@ def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
     with pytest.raises(RejectRateError, match=r"4 of 4 records of --input b/\*\.json .*"
                        r"top reasons: unclassifiable 3, malformed_json 1"):
         check_reject_fraction(manifest, 0.5)
+
+
+def test_a_run_whose_files_lost_rows_is_not_marked_complete():
+    stats = {"records_read": 3, "knowledge.documents": 1, "knowledge.blocks": 2,
+             "instruction.examples": 1, "instruction.packs": 1, "rejected.malformed_json": 1}
+    config = {**CONFIG, "knowledge": {**CONFIG["knowledge"], "write_filtered": False}}
+    files = [{"kind": "pretrain", "path": "/o/pretrain/a", "rows": 2},
+             {"kind": "sft", "path": "/o/sft/a", "rows": 1},
+             {"kind": "rejected", "path": "/o/rejected/a", "rows": 1}]
+    check_rows_written(build_manifest(stats, files, config, {}))
+    with pytest.raises(RowCountError, match="sft: 0 rows written, 1 counted"):
+        check_rows_written(build_manifest(stats, files[:1] + files[2:], config, {}))

@@ -116,6 +116,31 @@ def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
     ]
 
 
+def check_rows_written(manifest: Mapping) -> None:
+    """Refuses to mark a run complete when the files hold fewer or more rows than the steps
+    counted: a lost or doubled staged part must fail loudly, never pass as a smaller dataset."""
+    records = manifest["records"]
+    expected = {
+        "pretrain": manifest["knowledge"]["blocks"],
+        "sft": manifest["instruction"]["packs"],
+        "rejected": sum(records["rejected"].values()),
+    }
+    if manifest["config"]["knowledge"].get("write_filtered"):
+        expected["filtered"] = sum(records["filtered"].values())
+    written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))
+               for kind in expected}
+    wrong = {kind: (written[kind], n) for kind, n in expected.items() if written[kind] != n}
+    if wrong:
+        detail = ", ".join(f"{kind}: {w:,} rows written, {n:,} counted"
+                           for kind, (w, n) in wrong.items())
+        raise RowCountError(f"output files do not hold what the steps produced ({detail}); "
+                            "the run is not marked complete (no manifest.json)")
+
+
+class RowCountError(RuntimeError):
+    """Rows were lost or doubled between the steps and the output files."""
+
+
 def check_reject_fraction(manifest: Mapping, max_fraction: float) -> None:
     """Refuses to mark a run complete when an input's rejections point to a configuration
     mistake (a wrong mapping, format or branch), naming the input and its top reasons."""

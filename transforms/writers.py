@@ -25,7 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.manifest import build_manifest, check_reject_fraction, write_manifest
+from transforms.manifest import (
+    build_manifest,
+    check_reject_fraction,
+    check_rows_written,
+    write_manifest,
+)
 from transforms.steps import Part
 
 LOG = logging.getLogger("beam_pipeline")
@@ -227,5 +232,6 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     if leftovers:
         FileSystems.delete(leftovers)
     manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"])
+    check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
     return write_manifest(output_dir, manifest)
