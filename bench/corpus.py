@@ -195,4 +195,5 @@ def instruction(root: Path, scale: float, seq_len: int, chat_template: Path) -> 
                 files.append((name, len(records)))
         return files
 
-    return _cached(root / f"instruction-x{scale:g}-seq{seq_len}-{_CODE_DIGEST}", write)
+    template = hashlib.sha256(chat_template.read_bytes()).hexdigest()[:8]
+    return _cached(root / f"instruction-x{scale:g}-seq{seq_len}-{template}-{_CODE_DIGEST}", write)
