@@ -14,6 +14,7 @@ from transforms.writers import (
     WriteOutputFile,
     plan_output_files,
     prepare_output_dir,
+    reconcile_staged,
 )
 
 
@@ -84,3 +85,24 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
         prepare_output_dir(str(tmp_path), overwrite=False)
     prepare_output_dir(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
+
+
+def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
+    staging = str(tmp_path / "staging")
+    stage = StagePart(staging)
+    stage.setup()
+    table = pa.table({"input_ids": pa.array([[1], [2], [3]], pa.list_(pa.int32()))})
+    [first] = stage.process(Part("sft", "c0", "pack", table))
+    [second] = stage.process(Part("sft", "c1", "pack", table.slice(0, 2)))
+    [bad] = stage.process(Part("rejected", "c1", "validate", pa.table({"reason": ["x"]})))
+    found = reconcile_staged([first], staging)
+    assert found[0] == first
+    recovered = sorted(found[1:], key=lambda f: f.path)
+    assert sorted((f.kind, f.order, f.path, f.rows) for f in recovered) == sorted([
+        ("sft", ("c1", "pack"), second.path, 2), ("rejected", ("c1", "validate"), bad.path, 1)])
+    assert reconcile_staged([first, second, bad], staging) == [first, second, bad]
+    # The order entry stays in staging: output files carry no footer entry of ours.
+    out = tmp_path / "out.parquet"
+    list(WriteOutputFile(row_group_rows=8).process(
+        OutputFile("sft", str(out), ((second.path, 0, 2),))))
+    assert pq.read_schema(out).metadata is None

@@ -6,6 +6,10 @@ cuts the rows of each kind, in chunk order, into the requested number of output 
 are written in parallel by streaming slices of the staged files. Memory stays bounded by one
 staged file, output rows and files depend only on the inputs and configuration, and
 ``manifest.json``, written last, marks the run complete.
+
+The plan trusts the staging directory, not only the runner: each staged file carries its place in
+the output order in its Parquet footer, so a file whose notice the runner failed to deliver is
+still found, counted and written (and the loss is logged).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ PARQUET_KINDS = ("pretrain", "sft")
 JSONL_KINDS = ("rejected", "filtered")
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
 COMPRESSION = "zstd"
+ORDER_KEY = b"beam_pipeline.order"  # staged files' footer entry: [chunk_id, step]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +102,35 @@ class StagePart(beam.DoFn):
 
     def process(self, part: Part) -> Iterator[StagedFile]:
         path = staged_path(self.staging_dir, part)
+        order = json.dumps([part.chunk_id, part.step]).encode("utf-8")
+        table = part.table.replace_schema_metadata({ORDER_KEY: order})
         with FileSystems.create(path) as handle:
-            pq.write_table(part.table, handle, compression=COMPRESSION)
+            pq.write_table(table, handle, compression=COMPRESSION)
         self.progress.add(part.kind, part.table.num_rows)
         yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
                          part.table.nbytes)
+
+
+def _read_staged_footer(path: str, kind: str) -> StagedFile:
+    with FileSystems.open(path) as handle:
+        metadata = pq.read_metadata(pa.BufferReader(handle.read()))
+    chunk_id, step = json.loads(metadata.metadata[ORDER_KEY])
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    return StagedFile(kind, (chunk_id, step), path, metadata.num_rows, size)
+
+
+def reconcile_staged(reported: Sequence[StagedFile], staging_dir: str) -> list[StagedFile]:
+    """The runner's notices of staged files, plus any file on storage it did not deliver."""
+    known = {f.path for f in reported}
+    missing = [path for path in _files_under(staging_dir)
+               if path.endswith(".parquet") and path not in known]
+    if not missing:
+        return list(reported)
+    LOG.warning("the runner did not deliver %d of %d staged-file notices; recovered them from %s",
+                len(missing), len(reported) + len(missing), staging_dir)
+    kinds = {FileSystems.join(staging_dir, kind): kind for kind in OUTPUT_KINDS}
+    return [*reported, *(_read_staged_footer(path, kinds[path.rsplit("/", 1)[0]])
+                         for path in missing)]
 
 
 def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards: int,
@@ -137,7 +166,7 @@ def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards:
 
 def _read_staged(path: str) -> pa.Table:
     with FileSystems.open(path) as handle:
-        return pq.read_table(pa.BufferReader(handle.read()))
+        return pq.read_table(pa.BufferReader(handle.read())).replace_schema_metadata(None)
 
 
 class WriteOutputFile(beam.DoFn):
@@ -179,6 +208,10 @@ def _stored_paths(path: str) -> list[str]:
     FileSystems.exists does not see and FileSystems.delete does not remove."""
     if FileSystems.exists(path):
         return [path]
+    return _files_under(path)
+
+
+def _files_under(path: str) -> list[str]:
     return [m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list]
 
 
@@ -215,6 +248,7 @@ class WriteOutputs(beam.PTransform):
             parts
             | "Stage" >> beam.ParDo(StagePart(staging_dir))
             | "CollectStaged" >> beam.combiners.ToList()
+            | "FindStaged" >> beam.Map(reconcile_staged, staging_dir)
             | "PlanFiles" >> beam.FlatMap(plan_output_files, self.output_dir, self.num_shards,
                                           self.target_bytes)
             | "SpreadFiles" >> beam.Reshuffle()
