@@ -11,6 +11,7 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from transforms.curation import CurationConfig
 from transforms.instruction import InstructionConfig
 from transforms.knowledge import KnowledgeConfig
 from transforms.option_types import boolean, fraction, non_negative_int, positive_int
@@ -35,8 +36,10 @@ comma-separated list. Formats come from the extension (.jsonl .json .parquet .tx
 .csv .tsv, optionally .gz or .zst). Append '#key=value;key=value' to declare
 what the detector should not guess: branch=knowledge|instruction,
 format=jsonl|json|parquet|text|csv, text_unit=file|line|paragraph (how a text
-file splits into documents; default file), name=SOURCE, and field mappings
-CANONICAL=FIELD (e.g. 'gsm8k.jsonl#branch=instruction;prompt=question;response=answer')."""
+file splits into documents; default file), name=SOURCE, weight=W (the source's
+relative share of its branch's tokens), phase=NAME (curriculum phase: written to
+OUTPUT/NAME/), and field mappings CANONICAL=FIELD (e.g.
+'gsm8k.jsonl#branch=instruction;prompt=question;response=answer')."""
 
 
 class PrepOptions(PipelineOptions):
@@ -89,6 +92,7 @@ class PrepConfig:
     tokenizer: str
     knowledge: KnowledgeConfig
     instruction: InstructionConfig
+    curation: CurationConfig
     num_shards: int
     target_shard_mb: int
     row_group_rows: int
@@ -117,6 +121,7 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         tokenizer=prep.tokenizer,
         knowledge=KnowledgeConfig.from_options(options),
         instruction=InstructionConfig.from_options(options),
+        curation=CurationConfig.from_options(options),
         num_shards=prep.num_shards,
         target_shard_mb=prep.target_shard_mb,
         row_group_rows=prep.row_group_rows,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import math
 import sys
 from collections.abc import Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     PipelineOptions,
     SetupOptions,
@@ -24,8 +26,10 @@ from beam_pipeline.options import (
     PrepOptions,
     config_from_options,
 )
-from transforms import instruction, knowledge
+from transforms import curation, instruction, knowledge
 from transforms.classify import ClassifyRecords
+from transforms.curation import CurationOptions
+from transforms.decontam import eval_index
 from transforms.instruction import InstructionBranch, InstructionOptions
 from transforms.knowledge import (
     FILTERED,
@@ -34,6 +38,7 @@ from transforms.knowledge import (
     KnowledgeOptions,
 )
 from transforms.manifest import (
+    MANIFEST_NAME,
     RejectRateError,
     RowCountError,
     read_manifest,
@@ -42,15 +47,16 @@ from transforms.manifest import (
 )
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
-from transforms.records import INSTRUCTION, KNOWLEDGE, ShardSpec
+from transforms.records import BRANCHES, INSTRUCTION, KNOWLEDGE, ShardSpec
 from transforms.steps import PARTS, STATS
 from transforms.tokenizer import load_tokenizer, tokenizer_identity
-from transforms.writers import WriteOutputs, prepare_output_dir
+from transforms.writers import OUTPUT_KINDS, PHASES_NAME, WriteOutputs, prepare_output_dir
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
-OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions)
-BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP)
+OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions, CurationOptions)
+BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP, curation.GROUP)
+RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
@@ -70,26 +76,54 @@ def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
         shards, cfg.inputs, cfg.chunk_records, cfg.max_record_mb * MIB, cfg.knowledge)
 
 
-def build_graph(p: beam.Pipeline, cfg: PrepConfig, shards: Sequence[ShardSpec],
-                tokenizer: dict) -> None:
-    """Read -> classify -> the two branches -> sharded files and manifest.json."""
+def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
+                shards: Sequence[ShardSpec], tokenizer: dict) -> beam.PCollection:
+    """Read -> classify -> the two branches -> sharded files and manifest.json (whose path is
+    the returned PCollection's one element)."""
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
     buckets = tail_buckets(shards)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.knowledge, buckets, knowledge_duplicates(p, cfg, shards))
+        cfg.tokenizer, cfg.knowledge, buckets, knowledge_duplicates(p, cfg, shards),
+        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
-        | "InstructionBranch" >> InstructionBranch(cfg.tokenizer, cfg.instruction, buckets))
+        | "InstructionBranch" >> InstructionBranch(
+            cfg.tokenizer, cfg.instruction, buckets,
+            cfg.curation.for_branch(INSTRUCTION, cfg.inputs)))
     parts = (routed[PARTS], knowledge_parts, instruction_parts) | "AllParts" >> beam.Flatten()
     if not cfg.knowledge.write_filtered:
         parts = parts | "CountOnlyFiltered" >> beam.Filter(lambda part: part.kind != FILTERED)
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
              | "SumStats" >> beam.CombineGlobally(sum_counters))
-    _ = (parts, stats) | "WriteOutputs" >> WriteOutputs(
+    return (parts, stats) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         {"config": cfg.as_dict(), "tokenizer": tokenizer})
+
+
+class PreparePhase(beam.PTransform):
+    """One curriculum phase's whole graph, under its own label and output directory."""
+
+    def __init__(self, phase: Phase, tokenizer: dict):
+        super().__init__()
+        self.phase = phase
+        self.tokenizer = tokenizer
+
+    def expand(self, pbegin):
+        return build_graph(pbegin, self.phase.config, self.phase.shards, self.tokenizer)
+
+
+def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) -> str:
+    """OUTPUT/phases.json, written once every phase is complete: the order to train in."""
+    assert len(manifests) == len(phases), "a phase did not complete"
+    path = FileSystems.join(output, PHASES_NAME)
+    listing = [{"phase": i + 1, "name": phase.name, "directory": phase.config.output,
+                "manifest": FileSystems.join(phase.config.output, MANIFEST_NAME)}
+               for i, phase in enumerate(phases)]
+    with FileSystems.create(path) as handle:
+        handle.write(json.dumps({"phases": listing}, indent=2).encode("utf-8") + b"\n")
+    return path
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -111,17 +145,55 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 @dataclasses.dataclass(frozen=True)
+class Phase:
+    """The inputs of one curriculum phase (or of the whole run) and where they are written."""
+
+    name: str | None
+    config: PrepConfig
+    shards: list[ShardSpec]
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything checked before the graph is built: a bad option or input fails here."""
 
     options: PipelineOptions
     config: PrepConfig
-    shards: list[ShardSpec]
+    phases: list[Phase]
     tokenizer: dict
 
     @property
     def runner(self) -> str:
         return self.options.view_as(StandardOptions).runner or "DirectRunner"
+
+    @property
+    def shards(self) -> list[ShardSpec]:
+        return [shard for phase in self.phases for shard in phase.shards]
+
+
+def plan_phases(cfg: PrepConfig) -> list[Phase]:
+    """One phase per ``phase=`` name, in order of first mention; the whole run if none."""
+    named = [spec.phase for spec in cfg.inputs]
+    if not any(named):
+        phases = [(None, cfg)]
+    else:
+        if not all(named):
+            missing = ", ".join(spec.pattern for spec in cfg.inputs if not spec.phase)
+            raise ValueError(f"some inputs name a phase, so every input must; missing on: "
+                             f"{missing}")
+        clashes = sorted(set(named) & RESERVED_NAMES)
+        if clashes:
+            raise ValueError(f"phase name(s) {', '.join(clashes)} would clash with output files "
+                             f"of the run; choose others")
+        phases = [(name, dataclasses.replace(
+            cfg, inputs=tuple(spec for spec in cfg.inputs if spec.phase == name),
+            output=FileSystems.join(cfg.output, name))) for name in dict.fromkeys(named)]
+    result = []
+    for name, phase_cfg in phases:
+        for branch in BRANCHES:  # a wrong weight or a missing declaration fails here
+            phase_cfg.curation.for_branch(branch, phase_cfg.inputs)
+        result.append(Phase(name, phase_cfg, plan_shards(list(phase_cfg.inputs))))
+    return result
 
 
 def prepare(argv: Sequence[str]) -> Plan:
@@ -131,9 +203,14 @@ def prepare(argv: Sequence[str]) -> Plan:
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
     tokenizer = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template))
-    shards = plan_shards(list(cfg.inputs))
+    phases = plan_phases(cfg)
+    if cfg.curation.decontam is not None:
+        eval_index(cfg.curation.decontam)  # evaluation files that cannot be read fail here
     prepare_output_dir(cfg.output, cfg.overwrite)
-    return Plan(options, cfg, shards, tokenizer)
+    for phase in phases:
+        if phase.name is not None:
+            prepare_output_dir(phase.config.output, cfg.overwrite)
+    return Plan(options, cfg, phases, tokenizer)
 
 
 def run(argv: Sequence[str]) -> PrepConfig:
@@ -143,15 +220,26 @@ def run(argv: Sequence[str]) -> PrepConfig:
 def execute(plan: Plan) -> PrepConfig:
     """Builds and runs the graph; on a local runner waits and prints the summary."""
     cfg = plan.config
-    LOG.info("%d input shard(s) from %d input(s); writing to %s", len(plan.shards),
-             len(cfg.inputs), cfg.output)
+    LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
+             len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
     pipeline = beam.Pipeline(options=plan.options)
-    build_graph(pipeline, cfg, plan.shards, plan.tokenizer)
+    if plan.phases[0].name is None:
+        build_graph(pipeline, cfg, plan.phases[0].shards, plan.tokenizer)
+    else:
+        manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.tokenizer)
+                     for phase in plan.phases]
+        _ = (manifests
+             | "AllPhases" >> beam.Flatten()
+             | "CollectPhases" >> beam.combiners.ToList()
+             | "WritePhases" >> beam.Map(_write_phases, cfg.output, plan.phases))
     result = pipeline.run()
     if plan.runner in LOCAL_RUNNERS:
         result.wait_until_finish()
-        for line in summary_lines(read_manifest(cfg.output)):
-            print(line)
+        for phase in plan.phases:
+            if phase.name is not None:
+                print(f"phase {phase.name} ({phase.config.output}):")
+            for line in summary_lines(read_manifest(phase.config.output)):
+                print(line)
     else:
         LOG.info("submitted to %s; the job writes %s/manifest.json when it completes",
                  plan.runner, cfg.output)

@@ -28,6 +28,7 @@ def test_manifest_balances_when_every_record_is_accounted_for():
         "instruction.examples": 3,
         "instruction.tokens": 150,
         "instruction.packs": 2,
+        "instruction.packed_tokens": 150,
         "filtered.too_long": 1,
         "rejected.malformed_json": 1,
         "rejected.unclassifiable": 1,
@@ -58,8 +59,9 @@ def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
              "input.0.filtered.too_long": 1}
     manifest = build_manifest(stats, [], CONFIG, {})
     assert manifest["inputs"] == [
-        {"pattern": "a.jsonl", "read": 6, "rejected": {}, "filtered": {"too_long": 1}},
-        {"pattern": "b/*.json", "read": 4,
+        {"pattern": "a.jsonl", "name": None, "read": 6, "rejected": {},
+         "filtered": {"too_long": 1}},
+        {"pattern": "b/*.json", "name": None, "read": 4,
          "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {}},
     ]
     check_reject_fraction(manifest, 1.0)

@@ -30,9 +30,12 @@ from transforms.chat_template import (
     RenderError,
     encode_conversations,
 )
+from transforms.curation import BranchCuration
+from transforms.decontam import Decontaminate
+from transforms.mixing import MixSources
 from transforms.option_types import boolean, non_negative_int, positive_int
 from transforms.packing import IGNORE_INDEX, build_packed_rows, pack_best_fit_decreasing
-from transforms.records import Record, RecordChunk, Rejection
+from transforms.records import INSTRUCTION, Origin, Record, RecordChunk, Rejection
 from transforms.schema import (
     ConversationLimits,
     Invalid,
@@ -40,13 +43,24 @@ from transforms.schema import (
     check_conversation,
     load_schemas,
 )
-from transforms.steps import PARTS, STATS, TAILS, ChunkStep, GatherTails, Part, apply_step
+from transforms.splits import SplitOff, content_digest
+from transforms.steps import (
+    PARTS,
+    STATS,
+    TAILS,
+    ChunkStep,
+    GatherTails,
+    Part,
+    apply_step,
+    output_kind,
+)
 from transforms.tokenizer import end_of_text_id, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SFT = "sft"
+UNSELECTED = "instruction.examples_unselected"  # left out by mixing: not kept after all
 GROUP = "instruction branch"
 FULL_PACK = 0.99  # packs filled at least this much are final; the rest are packed again
 
@@ -57,11 +71,42 @@ class ConversationChunk:
     records: tuple[Record, ...]
     conversations: tuple[Conversation, ...]
 
+    def take(self, indices: Sequence[int]) -> ConversationChunk:
+        return ConversationChunk(self.chunk_id, tuple(self.records[i] for i in indices),
+                                 tuple(self.conversations[i] for i in indices))
+
 
 @dataclasses.dataclass(frozen=True)
 class EncodedChunk:
     chunk_id: str
     examples: tuple[EncodedExample, ...]
+    origins: tuple[Origin, ...] = ()  # per example, for mixing's accounting
+
+    def record_tokens(self) -> np.ndarray:
+        return np.fromiter((len(e.input_ids) for e in self.examples), np.int64,
+                           len(self.examples))
+
+    def record_digests(self, salt: str) -> np.ndarray:
+        return np.array([content_digest(e.input_ids.tobytes() + e.labels.tobytes(), salt)
+                         for e in self.examples], dtype=np.uint64)
+
+    def take(self, indices: Sequence[int]) -> EncodedChunk:
+        return EncodedChunk(self.chunk_id, tuple(self.examples[i] for i in indices),
+                            tuple(self.origins[i] for i in indices))
+
+    def counts(self) -> dict[str, int]:
+        return {"instruction.examples": len(self.examples),
+                "instruction.tokens": sum(len(e.input_ids) for e in self.examples),
+                "instruction.trained_tokens": sum(int(np.count_nonzero(e.labels != IGNORE_INDEX))
+                                                  for e in self.examples)}
+
+
+def conversation_texts(chunk: ConversationChunk) -> list[str]:
+    """What decontamination compares: every message's text content."""
+    return ["\n".join(m["content"] for m in c.messages if isinstance(m.get("content"), str))
+            for c in chunk.conversations]
+
+
 
 
 class InstructionOptions(PipelineOptions):
@@ -235,13 +280,14 @@ class EncodeConversations(ChunkStep):
         config = self.config
         results = encode_conversations(self.tokenizer, chunk.conversations, config.mask_options,
                                        config.system_prompt, config.seq_len, config.overflow)
-        kept = []
+        kept, origins = [], []
         for record, result in zip(chunk.records, results, strict=True):
             if isinstance(result, RenderError):
                 kind = "filtered" if result.reason == R.TOO_LONG else "rejected"
                 self.drop(Rejection.of(record, result.reason, result.message), kind=kind)
                 continue
             kept.append(result)
+            origins.append(record.origin)
             if result.tokens_cut:
                 self.count("instruction.truncated")
                 self.count("instruction.truncated_tokens", result.tokens_cut)
@@ -250,7 +296,7 @@ class EncodeConversations(ChunkStep):
         self.count("instruction.trained_tokens", sum(int(np.count_nonzero(e.labels != -100))
                                                      for e in kept))
         if kept:
-            yield EncodedChunk(chunk.chunk_id, tuple(kept))
+            yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))
 
 
 class PackSequences(ChunkStep):
@@ -278,7 +324,9 @@ class PackSequences(ChunkStep):
         if full:
             table = self._rows(examples, lengths, full)
             self.count("instruction.packs", table.num_rows)
-            yield beam.pvalue.TaggedOutput(PARTS, Part(SFT, chunk.chunk_id, self.step_name, table))
+            self.count("instruction.packed_tokens", int(sum(lengths[b].sum() for b in full)))
+            yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT, chunk.chunk_id),
+                                                       chunk.chunk_id, self.step_name, table))
         if len(full) < len(bins):
             leftover = np.sort(np.concatenate([b for b in bins if not self._is_full(b, lengths)]))
             yield beam.pvalue.TaggedOutput(
@@ -310,8 +358,10 @@ def pad_token_id(tok: PreTrainedTokenizerBase) -> int:
 class InstructionBranch(beam.PTransform):
     """Instruction chunks in; packed SFT parts, dropped-record parts and stats out."""
 
-    def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int):
+    def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int,
+                 curation: BranchCuration | None = None):
         super().__init__()
+        self.curation = curation or BranchCuration()
         self.schemas = config.load_schemas()
         self.limits = config.limits
         self.encode = EncodeConversations(tokenizer, config)
@@ -324,8 +374,19 @@ class InstructionBranch(beam.PTransform):
     def expand(self, chunks):
         validated = apply_step(chunks, "Validate", ValidateRecords(self.schemas))
         adapted = apply_step(validated.main, "Adapt", AdaptConversations(self.limits))
-        encoded = apply_step(adapted.main, "RenderAndMask", self.encode)
-        packed = apply_step(encoded.main, "Pack",
+        steps = [validated, adapted]
+        curation = self.curation
+        if curation.decontam is not None:
+            steps.append(apply_step(
+                steps[-1].main, "Decontaminate",
+                Decontaminate(curation.decontam, INSTRUCTION, conversation_texts)))
+        steps.append(apply_step(steps[-1].main, "RenderAndMask", self.encode))
+        if curation.validation:
+            steps.append(steps[-1].main | "SplitValidation" >> SplitOff(curation.validation,
+                                                                        curation.seed))
+        if curation.mix is not None:
+            steps.append(steps[-1].main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        packed = apply_step(steps[-1].main, "Pack",
                             PackSequences(self.seq_len, self.max_segments, self.pad_id), TAILS)
         tails = (packed[TAILS]
                  | "GatherTails" >> GatherTails(self.tail_buckets)
@@ -334,7 +395,7 @@ class InstructionBranch(beam.PTransform):
         repacked = apply_step(tails, "PackTails",
                               PackSequences(self.seq_len, self.max_segments, self.pad_id,
                                             final=True))
-        steps = (validated, adapted, encoded, packed, repacked)
+        steps += (packed, repacked)
         parts = tuple(s[PARTS] for s in steps) | "InstructionParts" >> beam.Flatten()
         stats = tuple(s[STATS] for s in steps) | "InstructionStats" >> beam.Flatten()
         return parts, stats

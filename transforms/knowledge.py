@@ -31,6 +31,8 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from transforms.classify import classify
+from transforms.curation import BranchCuration
+from transforms.decontam import Decontaminate
 from transforms.dedup import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
@@ -44,6 +46,7 @@ from transforms.dedup import (
     record_key,
 )
 from transforms.fast_encoder import fast_raw_encoder
+from transforms.mixing import MixSources
 from transforms.normalize import NormalizeConfig, normalize_text
 from transforms.option_types import boolean, fraction, non_negative_int, positive_int
 from transforms.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
@@ -60,11 +63,13 @@ from transforms.records import (
     INSTRUCTION,
     KNOWLEDGE,
     InputSpec,
+    Origin,
     Record,
     RecordChunk,
     Rejection,
     ShardSpec,
 )
+from transforms.splits import SplitOff, content_digest
 from transforms.steps import (
     PARTS,
     STATS,
@@ -74,6 +79,7 @@ from transforms.steps import (
     Part,
     TailGroup,
     apply_step,
+    output_kind,
 )
 from transforms.tokenizer import end_of_text_id, load_tokenizer
 
@@ -82,6 +88,7 @@ FILTERED = "filtered"
 GROUP = "knowledge branch"
 EMPTY_AFTER_NORMALIZATION = "empty_after_normalization"
 LENGTH_RANGE = "length_range"
+UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept after all
 
 
 # --------------------------------------------------------------------------- options
@@ -411,6 +418,24 @@ def raw_text_encoder(tokenizer: str) -> RawTextEncoder:
 class TokenizedChunk:
     chunk_id: str
     token_arrays: tuple[np.ndarray, ...]
+    origins: tuple[Origin, ...] = ()  # per document, for mixing's accounting
+
+    def record_tokens(self) -> np.ndarray:
+        """Tokens each document puts into blocks: its own plus one end-of-text."""
+        return np.fromiter((len(a) + 1 for a in self.token_arrays), np.int64,
+                           len(self.token_arrays))
+
+    def record_digests(self, salt: str) -> np.ndarray:
+        return np.array([content_digest(a.tobytes(), salt) for a in self.token_arrays],
+                        dtype=np.uint64)
+
+    def take(self, indices: Sequence[int]) -> TokenizedChunk:
+        return TokenizedChunk(self.chunk_id, tuple(self.token_arrays[i] for i in indices),
+                              tuple(self.origins[i] for i in indices))
+
+    def counts(self) -> dict[str, int]:
+        return {"knowledge.documents": len(self.token_arrays),
+                "knowledge.tokens": sum(len(a) for a in self.token_arrays)}
 
 
 class TokenizeDocuments(ChunkStep):
@@ -433,7 +458,7 @@ class TokenizeDocuments(ChunkStep):
                                 strict=True):
             self.count(f"knowledge.document_tokens.le_{bound}", int(count))
         self.distribution("knowledge.document_tokens", lengths)
-        yield TokenizedChunk(chunk.chunk_id, arrays)
+        yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
 
 
@@ -513,8 +538,12 @@ def _emit(step: ChunkStep, chunk_id: str, blocks: Blocks) -> Iterator[Any]:
     step.count("knowledge.blocks", len(blocks.input_ids))
     step.count("knowledge.tokens_out", blocks.tokens_out)
     if len(blocks.input_ids):
-        yield beam.pvalue.TaggedOutput(
-            PARTS, Part(PRETRAIN, chunk_id, step.step_name, blocks_to_table(blocks)))
+        yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(PRETRAIN, chunk_id), chunk_id,
+                                                   step.step_name, blocks_to_table(blocks)))
+
+
+def document_texts(chunk: RecordChunk) -> list[str]:
+    return [record.value for record in chunk.records]
 
 
 class KnowledgeBranch(beam.PTransform):
@@ -524,12 +553,14 @@ class KnowledgeBranch(beam.PTransform):
     """
 
     def __init__(self, tokenizer: str, config: KnowledgeConfig, tail_buckets: int,
-                 duplicates: beam.PCollection | None = None):
+                 duplicates: beam.PCollection | None = None,
+                 curation: BranchCuration | None = None):
         super().__init__()
         self.tokenizer = tokenizer
         self.config = config
         self.tail_buckets = tail_buckets
         self.duplicates = duplicates
+        self.curation = curation or BranchCuration()
 
     def expand(self, chunks):
         config = self.config
@@ -546,9 +577,22 @@ class KnowledgeBranch(beam.PTransform):
                 DropDuplicates(), beam.pvalue.AsSingleton(self.duplicates),
             ).with_outputs(PARTS, STATS, main="main"))
             documents = steps[-1].main
+        curation = self.curation
+        if curation.decontam is not None:
+            steps.append(apply_step(documents, "Decontaminate",
+                                    Decontaminate(curation.decontam, KNOWLEDGE, document_texts)))
+            documents = steps[-1].main
         tokenized = apply_step(documents, "Tokenize", TokenizeDocuments(self.tokenizer),
                                LENGTH_RANGE)
-        blocks = apply_step(tokenized.main, "ConcatenateBlocks",
+        tokens = tokenized.main
+        if curation.validation:
+            steps.append(tokens | "SplitValidation" >> SplitOff(curation.validation,
+                                                                 curation.seed))
+            tokens = steps[-1].main
+        if curation.mix is not None:
+            steps.append(tokens | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+            tokens = steps[-1].main
+        blocks = apply_step(tokens, "ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size), TAILS)
         tails = apply_step(
             blocks[TAILS] | "GatherTails" >> GatherTails(self.tail_buckets),

@@ -16,12 +16,31 @@ VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "n
                       "tensorflow-metadata", "jinja2")
 
 
-def sum_counters(counters: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """Adds per-chunk counters; a combine function, so it also accepts partial sums."""
+SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
+
+
+def _sample_order(sample: Mapping) -> tuple:
+    return (sample.get("source", ""), sample.get("position", 0),
+            json.dumps(sample, sort_keys=True, default=str))
+
+
+def sum_counters(counters: Iterable[Mapping]) -> dict:
+    """Adds per-chunk counters; a combine function, so it also accepts partial sums.
+
+    The ``samples`` entry, if any, maps a name to example dicts: they are merged and only the
+    first ``SAMPLES_KEPT`` in (source, position) order are kept, so the result is deterministic.
+    """
     total: collections.Counter = collections.Counter()
+    samples: dict[str, list] = collections.defaultdict(list)
     for counter in counters:
-        total.update(counter)
-    return dict(sorted(total.items()))
+        for name, found in counter.get("samples", {}).items():
+            samples[name].extend(found)
+        total.update({k: v for k, v in counter.items() if k != "samples"})
+    result: dict = dict(sorted(total.items()))
+    if samples:
+        result["samples"] = {name: sorted(found, key=_sample_order)[:SAMPLES_KEPT]
+                             for name, found in sorted(samples.items())}
+    return result
 
 
 def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
@@ -35,11 +54,23 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
     filtered = _by_prefix(stats, "filtered.")
     knowledge = _by_prefix(stats, "knowledge.")
     instruction = _by_prefix(stats, "instruction.")
+    validation = _by_prefix(stats, "validation.")
+    # The validation split and mixing come after tokenization: their records are counted at
+    # tokenization, then taken out again here (held out, or filtered as not selected).
+    tokenized = (knowledge.get("documents", 0), knowledge.get("tokens", 0))
+    for name in ("documents", "tokens"):
+        knowledge[name] = knowledge.get(name, 0) - validation.get(f"knowledge.{name}", 0)
+    for name in ("examples", "tokens", "trained_tokens"):
+        instruction[name] = instruction.get(name, 0) - validation.get(f"instruction.{name}", 0)
     read = stats.get("records_read", 0)
-    kept_documents = knowledge.get("documents", 0)
-    kept_examples = instruction.get("examples", 0)
-    accounted = kept_documents + kept_examples + sum(filtered.values()) + sum(rejected.values())
+    kept_documents = knowledge["documents"] - knowledge.get("documents_unselected", 0)
+    kept_examples = instruction["examples"] - instruction.get("examples_unselected", 0)
+    held_documents = validation.get("knowledge.documents", 0)
+    held_examples = validation.get("instruction.examples", 0)
+    accounted = (kept_documents + kept_examples + held_documents + held_examples
+                 + sum(filtered.values()) + sum(rejected.values()))
     packs = instruction.get("packs", 0)
+    packed_tokens = instruction.get("packed_tokens", 0)
     seq_len = config["instruction"]["seq_len"]
     outputs: dict[str, list] = collections.defaultdict(list)
     for entry in sorted(files, key=lambda f: f["path"]):
@@ -50,8 +81,8 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "records": {
             "read": read,
-            "knowledge": kept_documents,
-            "instruction": kept_examples,
+            "knowledge": kept_documents + held_documents,
+            "instruction": kept_examples + held_examples,
             "filtered": filtered,
             "rejected": rejected,
             "accounted": accounted,
@@ -62,10 +93,10 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "documents": kept_documents,
             "dropped": _by_prefix(knowledge, "dropped."),
             "tokens": knowledge.get("tokens", 0),
-            "document_tokens": {  # per kept document, without its end-of-text separator
+            # per tokenized document (validation included), without its end-of-text separator
+            "document_tokens": {
                 "min": knowledge.get("document_tokens_min"),
-                "mean": (round(knowledge.get("tokens", 0) / kept_documents, 1)
-                         if kept_documents else None),
+                "mean": (round(tokenized[1] / tokenized[0], 1) if tokenized[0] else None),
                 "max": knowledge.get("document_tokens_max"),
                 "histogram": {f"<={bound}": count for bound, count in sorted(
                     (int(bound), count)
@@ -86,15 +117,16 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "trained_tokens": instruction.get("trained_tokens", 0),
             "packs": packs,
             "seq_len": seq_len,
-            "packing_efficiency": (round(instruction.get("tokens", 0) / (packs * seq_len), 6)
-                                   if packs else None),
+            "packed_tokens": packed_tokens,
+            "packing_efficiency": _efficiency(packed_tokens, packs, seq_len),
             # ceil(tokens / seq_len): no packing of these examples needs fewer rows.
-            "packs_lower_bound": -(-instruction.get("tokens", 0) // seq_len),
+            "packs_lower_bound": -(-packed_tokens // seq_len),
             "overflow": config["instruction"].get("overflow"),
             "truncated": instruction.get("truncated", 0),
             "truncated_tokens": instruction.get("truncated_tokens", 0),
             "pad_tokens": instruction.get("pad_tokens", 0),
         },
+        **_curation_sections(stats, validation, config, seq_len),
         "inputs": _inputs(stats, config["inputs"]),
         "outputs": dict(outputs),
         "tokenizer": dict(tokenizer),
@@ -103,11 +135,77 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
     }
 
 
+def _efficiency(tokens: int, packs: int, seq_len: int) -> float | None:
+    """Real tokens / (packs x seq_len)."""
+    return round(tokens / (packs * seq_len), 6) if packs else None
+
+
+def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Mapping,
+                       seq_len: int) -> dict:
+    """The validation split, mixing and decontamination sections, present when in use."""
+    sections: dict = {}
+    curation = config.get("curation") or {}
+    if validation:
+        packs = validation.get("instruction.packs", 0)
+        tokens = validation.get("instruction.packed_tokens", 0)
+        sections["validation"] = {
+            "records": validation.get("knowledge.documents", 0)
+            + validation.get("instruction.examples", 0),
+            "knowledge": {name: validation.get(f"knowledge.{name}", 0) for name in (
+                "documents", "tokens", "blocks", "tokens_out", "remainder_tokens")},
+            "instruction": {
+                **{name: validation.get(f"instruction.{name}", 0) for name in (
+                    "examples", "tokens", "trained_tokens", "packs", "packed_tokens")},
+                "packing_efficiency": _efficiency(tokens, packs, seq_len)},
+        }
+    mix = _by_prefix(stats, "mix.")
+    if mix:
+        sections["mixing"] = {
+            "scale": curation.get("mix_scale"),
+            "seed": curation.get("seed"),
+            **{branch: _mix_report(branch, mix, config) for branch in ("knowledge", "instruction")
+               if any(key.startswith(f"{branch}.") for key in mix)}}
+    decontam = curation.get("decontam")
+    if decontam:
+        eval_sets = [spec["pattern"] for spec in decontam["eval_sets"]]
+        removed = _by_prefix(stats, "decontamination.")
+        sections["decontamination"] = {
+            "eval_sets": eval_sets,
+            "ngram": decontam["ngram"],
+            "threshold": decontam["threshold"],
+            "removed": {branch: {eval_sets[int(k)]: n for k, n in _by_prefix(
+                removed, f"{branch}.").items()} for branch in ("knowledge", "instruction")},
+            "examples": stats.get("samples", {}).get("decontamination", []),
+        }
+    return sections
+
+
+def _mix_report(branch: str, mix: Mapping[str, int], config: Mapping) -> dict:
+    """Per source: tokens and records before and after, target and reached share."""
+    figures: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for key, value in _by_prefix(mix, f"{branch}.").items():
+        source, metric = key.rsplit(".", 1)
+        figures[source][metric] = value
+    weights: dict[str, float] = {}
+    for spec in config["inputs"]:
+        if spec.get("branch") == branch and spec.get("weight") is not None:
+            weights[spec["name"]] = spec["weight"]
+    total_weight = sum(weights.values())
+    total_out = sum(f.get("tokens_out", 0) for f in figures.values())
+    return {source: {
+        **{m: figures[source].get(m, 0) for m in ("records_in", "tokens_in", "records_out",
+                                                   "tokens_out")},
+        "target_share": round(weights[source] / total_weight, 6) if total_weight else None,
+        "share": round(figures[source].get("tokens_out", 0) / total_out, 6) if total_out else 0,
+    } for source in sorted(figures)}
+
+
 def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
     """Per ``--input``: records read and what left the pipeline, by reason."""
     return [
         {
             "pattern": spec["pattern"],
+            "name": spec.get("name"),
             "read": stats.get(f"input.{spec['index']}.read", 0),
             "rejected": _by_prefix(stats, f"input.{spec['index']}.rejected."),
             "filtered": _by_prefix(stats, f"input.{spec['index']}.filtered."),
@@ -125,6 +223,9 @@ def check_rows_written(manifest: Mapping) -> None:
         "sft": manifest["instruction"]["packs"],
         "rejected": sum(records["rejected"].values()),
     }
+    if "validation" in manifest:
+        expected["validation/pretrain"] = manifest["validation"]["knowledge"]["blocks"]
+        expected["validation/sft"] = manifest["validation"]["instruction"]["packs"]
     if manifest["config"]["knowledge"].get("write_filtered"):
         expected["filtered"] = sum(records["filtered"].values())
     written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))
@@ -202,6 +303,7 @@ def summary_lines(manifest: Mapping) -> list[str]:
         f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}"
         + (f", {inst['pad_tokens']:,} pad tokens" if inst.get("pad_tokens") else ""),
     ]
+    lines += _curation_lines(manifest)
     for kind in ("rejected", "filtered"):
         if records[kind]:
             reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(records[kind].items(),
@@ -211,4 +313,27 @@ def summary_lines(manifest: Mapping) -> list[str]:
         rows = sum(f["rows"] for f in files)
         lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "
                      f"{FileSystems.split(files[0]['path'])[0]}")
+    return lines
+
+
+def _curation_lines(manifest: Mapping) -> list[str]:
+    lines = []
+    held = manifest.get("validation")
+    if held:
+        lines.append(f"validation: {held['knowledge']['documents']:,} documents -> "
+                     f"{held['knowledge']['blocks']:,} blocks, {held['instruction']['examples']:,}"
+                     f" examples -> {held['instruction']['packs']:,} packs")
+    mixing = manifest.get("mixing", {})
+    for branch in ("knowledge", "instruction"):
+        if branch in mixing:
+            shares = ", ".join(f"{name} {s['share']:.1%} (target {s['target_share']:.1%})"
+                               for name, s in mixing[branch].items())
+            lines.append(f"mixing {branch} (scale {mixing['scale']}): {shares}")
+    decontam = manifest.get("decontamination")
+    if decontam:
+        removed = {branch: sum(found.values()) for branch, found in decontam["removed"].items()}
+        lines.append(f"decontamination: {sum(removed.values()):,} records removed "
+                     f"(knowledge {removed['knowledge']:,}, instruction "
+                     f"{removed['instruction']:,}) against {len(decontam['eval_sets'])} "
+                     "evaluation set(s)")
     return lines

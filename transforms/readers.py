@@ -25,6 +25,7 @@ import itertools
 import json
 import lzma
 import posixpath
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
@@ -60,7 +61,8 @@ DEFAULT_CHUNK_RECORDS = 1000
 DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 
-_SETTINGS = ("branch", "format", "text_unit", "name")
+_SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # names and phases: counters and directories
 _FORMAT_BY_EXTENSION = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -94,10 +96,10 @@ def split_input_values(values: Iterable[str]) -> list[str]:
 def parse_input_spec(index: int, value: str) -> InputSpec:
     """Parse ``PATTERN[#key=value;key=value...]`` into an ``InputSpec``.
 
-    ``branch``, ``format``, ``text_unit`` and ``name`` are settings; any other key maps a
-    canonical field to a source field (``prompt=question``). Everything after the first ``#`` is
-    declarations, so a path pattern cannot contain ``#``. Errors name the offending value so a
-    typo fails the job before any work starts.
+    ``branch``, ``format``, ``text_unit``, ``name``, ``weight`` and ``phase`` are settings; any
+    other key maps a canonical field to a source field (``prompt=question``). Everything after
+    the first ``#`` is declarations, so a path pattern cannot contain ``#``. Errors name the
+    offending value so a typo fails the job before any work starts.
     """
     pattern, _, declarations = value.partition("#")
     pattern = pattern.strip()
@@ -126,6 +128,19 @@ def parse_input_spec(index: int, value: str) -> InputSpec:
             )
     if settings.get("format", "text") != "text" and "text_unit" in settings:
         raise ValueError(f"--input {value!r}: text_unit applies only to format=text")
+    for key in ("name", "phase"):
+        if key in settings and not _LABEL.fullmatch(settings[key]):
+            raise ValueError(f"--input {value!r}: {key}={settings[key]!r} must be letters, "
+                             "digits, '_' and '-', starting with a letter or digit")
+    weight = None
+    if "weight" in settings:
+        try:
+            weight = float(settings["weight"])
+        except ValueError:
+            weight = -1.0
+        if not weight > 0 or weight == float("inf"):
+            raise ValueError(f"--input {value!r}: weight={settings['weight']!r} must be a "
+                             "number above 0")
     return InputSpec(
         index=index,
         pattern=pattern,
@@ -134,6 +149,8 @@ def parse_input_spec(index: int, value: str) -> InputSpec:
         text_unit=settings.get("text_unit", "file"),
         name=settings.get("name"),
         fields=tuple(sorted(fields.items())),
+        weight=weight,
+        phase=settings.get("phase"),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
 KNOWLEDGE = "knowledge"
@@ -48,8 +49,9 @@ class InputSpec:
 
     Declarations follow the pattern after a ``#`` as ``key=value`` pairs separated by ``;``:
     ``data/gsm8k.jsonl#branch=instruction;prompt=question;response=answer``. ``branch``,
-    ``format``, ``text_unit`` and ``name`` are settings; every other key maps a canonical field
-    (``text``, ``prompt``, ``response``, ``system``, ``messages``, ...) to a field of the input.
+    ``format``, ``text_unit``, ``name``, ``weight`` and ``phase`` are settings; every other key
+    maps a canonical field (``text``, ``prompt``, ``response``, ``system``, ``messages``, ...) to
+    a field of the input.
     """
 
     index: int
@@ -59,6 +61,8 @@ class InputSpec:
     text_unit: str = "file"
     name: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
+    weight: float | None = None  # relative share of the branch's tokens (see mixing)
+    phase: str | None = None  # curriculum phase: its own output directory and manifest
 
     @property
     def field_map(self) -> dict[str, str]:
@@ -103,6 +107,13 @@ class Record:
     def key(self) -> tuple[str, int]:
         return (self.source, self.position)
 
+    @property
+    def origin(self) -> Origin:
+        return (self.source, self.position, self.input_index)
+
+
+Origin = tuple[str, int, int]  # (source, position, input index): a record's provenance, compact
+
 
 @dataclasses.dataclass(frozen=True)
 class RecordChunk:
@@ -110,6 +121,9 @@ class RecordChunk:
 
     chunk_id: str
     records: tuple[Record, ...]
+
+    def take(self, indices: Sequence[int]) -> RecordChunk:
+        return RecordChunk(self.chunk_id, tuple(self.records[i] for i in indices))
 
 
 @dataclasses.dataclass(frozen=True)

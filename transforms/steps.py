@@ -4,7 +4,12 @@ A step turns one ``RecordChunk`` into its main result(s). Records it cannot or s
 on become ``Rejection``s; they leave as one Arrow table per chunk and step (tag ``parts``) so
 that rejected/ and filtered/ files are as deterministic as the data files. Counters leave as a
 ``Counter`` per chunk (tag ``stats``); the manifest is their sum, and the same figures are
-reported as Beam metrics.
+reported as Beam metrics. A few steps also keep samples (what decontamination removed) for the
+manifest; they travel in the same stream under the ``samples`` key.
+
+A chunk bound for the validation split carries ``VALIDATION_MARK`` at the end of its id: the
+same steps process it, its rows go to ``validation/<kind>`` and its counters are reported under
+``validation.``, and its leftovers are never joined with the training split's.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from transforms.records import Rejection
 PARTS = "parts"
 STATS = "stats"
 TAILS = "tails"
+SAMPLES = "samples"
 METRICS_NAMESPACE = "beam_pipeline"
+VALIDATION = "validation"
+VALIDATION_MARK = "|" + VALIDATION
 
 REJECTED_SCHEMA = pa.schema([
     ("source", pa.string()),
@@ -42,6 +50,19 @@ class Part:
     chunk_id: str
     step: str
     table: pa.Table
+
+
+def validation_id(chunk_id: str) -> str:
+    return chunk_id + VALIDATION_MARK
+
+
+def is_validation(chunk_id: str) -> bool:
+    return chunk_id.endswith(VALIDATION_MARK)
+
+
+def output_kind(kind: str, chunk_id: str) -> str:
+    """Where a chunk's rows of ``kind`` go: ``kind`` itself, or ``validation/kind``."""
+    return f"{VALIDATION}/{kind}" if is_validation(chunk_id) else kind
 
 
 def rejections_table(rejections: Iterable[Rejection]) -> pa.Table:
@@ -63,8 +84,10 @@ class ChunkStep(beam.DoFn):
     def process(self, chunk: Any) -> Iterator[Any]:
         self._dropped: dict[str, list[Rejection]] = collections.defaultdict(list)
         self._stats: collections.Counter = collections.Counter()
-        yield from self.run(chunk)
+        self._samples: dict[str, list] = collections.defaultdict(list)
         chunk_id = chunk.chunk_id
+        self._prefix = f"{VALIDATION}." if is_validation(chunk_id) else ""
+        yield from self.run(chunk)
         for kind, rejections in sorted(self._dropped.items()):
             for rejection in rejections:
                 self._stats[f"{kind}.{rejection.reason}"] += 1
@@ -73,6 +96,8 @@ class ChunkStep(beam.DoFn):
                 PARTS, Part(kind, chunk_id, self.step_name, rejections_table(rejections)))
         for name, value in self._stats.items():
             beam.metrics.Metrics.counter(METRICS_NAMESPACE, name).inc(value)
+        if self._samples:
+            self._stats[SAMPLES] = dict(self._samples)
         if self._stats:
             yield beam.pvalue.TaggedOutput(STATS, self._stats)
 
@@ -84,7 +109,12 @@ class ChunkStep(beam.DoFn):
         self._dropped[kind].append(rejection)
 
     def count(self, name: str, value: int = 1) -> None:
-        self._stats[name] += value
+        """Adds to a counter; a validation chunk's counters are kept apart (``validation.``)."""
+        self._stats[self._prefix + name] += value
+
+    def sample(self, name: str, sample: dict) -> None:
+        """Keeps an example for the manifest, which lists the first few by ``sort_key``."""
+        self._samples[name].append(sample)
 
     def distribution(self, name: str, values: Iterable[int]) -> None:
         """Reports values to a Beam distribution (count, sum, min and max in the runner's UI)."""
@@ -127,8 +157,9 @@ class GatherTails(beam.PTransform):
         buckets = self.buckets
         return (
             tails
-            | "Bucket" >> beam.Map(lambda tail: (tail_bucket(tail[0], buckets), tail))
+            | "Bucket" >> beam.Map(lambda tail: (
+                (tail_bucket(tail[0], buckets), is_validation(tail[0])), tail))
             | "Group" >> beam.GroupByKey()
-            | "Order" >> beam.MapTuple(lambda bucket, group: TailGroup(
-                f"~tails-{bucket:05d}", tuple(item for _, item in sorted(
-                    group, key=lambda tail: tail[0])))))
+            | "Order" >> beam.MapTuple(lambda key, group: TailGroup(
+                f"~tails-{key[0]:05d}{VALIDATION_MARK if key[1] else ''}",
+                tuple(item for _, item in sorted(group, key=lambda tail: tail[0])))))

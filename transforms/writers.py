@@ -39,7 +39,8 @@ from transforms.steps import Part
 
 LOG = logging.getLogger("beam_pipeline")
 STAGING_DIR = ".staging"
-PARQUET_KINDS = ("pretrain", "sft")
+PARQUET_KINDS = ("pretrain", "sft", "validation/pretrain", "validation/sft")
+PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once all complete
 JSONL_KINDS = ("rejected", "filtered")
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
 COMPRESSION = "zstd"
@@ -217,7 +218,7 @@ def _files_under(path: str) -> list[str]:
 
 def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
     """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``."""
-    names = (*OUTPUT_KINDS, STAGING_DIR, "manifest.json")
+    names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME)
     owned = {path: _stored_paths(path) for path in
              (FileSystems.join(output_dir, name) for name in names)}
     existing = [path for path, stored in owned.items() if stored]

@@ -1,0 +1,152 @@
+"""Mixing, validation split and decontamination as units: declarations, the mix plan's
+arithmetic, the split's hashing and the n-gram matcher. End-to-end runs are in
+test_curation_pipeline.py."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+from tests.conftest import SHARED_DATA
+from transforms.curation import fraction_or_count, mix_config
+from transforms.decontam import DecontamConfig, EvalIndex, ngrams
+from transforms.knowledge import TokenizedChunk
+from transforms.mixing import BUCKETS, MixConfig, plan_mix
+from transforms.readers import parse_input_spec
+from transforms.splits import HASH_SPACE, SplitValidation
+from transforms.steps import STATS, is_validation
+
+
+def specs(*values: str):
+    return [parse_input_spec(i, value) for i, value in enumerate(values)]
+
+
+def test_inputs_declare_weight_and_phase():
+    spec = parse_input_spec(0, "a.jsonl#branch=instruction;name=math;weight=15;phase=reasoning")
+    assert (spec.name, spec.weight, spec.phase) == ("math", 15.0, "reasoning")
+    for bad in ("a#weight=0", "a#weight=-1", "a#weight=x", "a#weight=inf", "a#name=a b",
+                "a#phase=../up", "a#name=.hidden"):
+        with pytest.raises(ValueError):
+            parse_input_spec(0, bad)
+
+
+def test_validation_size_is_a_fraction_or_a_whole_count():
+    assert fraction_or_count("0.05") == 0.05
+    assert fraction_or_count("500") == 500
+    assert fraction_or_count("0") == 0
+    for bad in ("-0.1", "2.5", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            fraction_or_count(bad)
+
+
+def test_weights_become_shares_of_their_branch():
+    config = mix_config("instruction", specs(
+        "a#branch=instruction;name=general;weight=40",
+        "b#branch=instruction;name=code;weight=20",
+        "c#branch=instruction;name=code",  # a second file of the same source
+        "d#branch=knowledge;name=web;weight=1",
+    ), "down", 7)
+    assert config.shares == (("code", 20 / 60), ("general", 40 / 60))
+    assert config.sources == ((0, "general"), (1, "code"), (2, "code"))
+    assert (config.scale, config.seed) == ("down", 7)
+    assert mix_config("instruction", specs("a#branch=instruction"), "down", 0) is None
+
+
+@pytest.mark.parametrize("values, message", [
+    (("a#branch=instruction;name=x;weight=1", "b"), "declare branch"),
+    (("a#branch=instruction;name=x;weight=1", "b#branch=instruction"), "needs name"),
+    (("a#branch=instruction;name=x;weight=1", "b#branch=instruction;name=y"), "no weight"),
+    (("a#branch=instruction;name=x;weight=1", "b#branch=instruction;name=x;weight=2"),
+     "two weights"),
+])
+def test_incomplete_or_contradictory_weights_fail_before_work(values, message):
+    with pytest.raises(ValueError, match=message):
+        mix_config("instruction", specs(*values), "down", 0)
+
+
+def histogram(tokens_per_bucket: dict[int, int]) -> np.ndarray:
+    result = np.zeros(BUCKETS, dtype=np.int64)
+    for bucket, tokens in tokens_per_bucket.items():
+        result[bucket] = tokens
+    return result
+
+
+def config(scale: str) -> MixConfig:
+    return MixConfig("knowledge", ((0, "big"), (1, "small")),
+                     (("big", 0.5), ("small", 0.5)), scale)
+
+
+def test_down_scaling_leaves_out_the_surplus_of_the_larger_source():
+    big = histogram({b: 10 for b in range(0, 1000)})  # 10,000 tokens
+    small = histogram({5: 2000})
+    plans = plan_mix({"big": big, "small": small}, config("down"))
+    assert plans["small"].whole == 1 and plans["small"].extra_buckets == 0
+    # big keeps 2,000 of 10,000 tokens: the records in its first 200 buckets, once.
+    assert plans["big"].whole == 0 and plans["big"].extra_buckets == 200
+
+
+def test_up_scaling_repeats_the_smaller_source_and_drops_nothing():
+    big = histogram({b: 10 for b in range(0, 1000)})
+    small = histogram({b: 40 for b in range(100)})  # 4,000 tokens: 2.5 copies
+    plans = plan_mix({"big": big, "small": small}, config("up"))
+    assert (plans["big"].whole, plans["big"].extra_buckets) == (1, 0)
+    assert plans["small"].whole == 2 and plans["small"].extra_buckets == 50
+
+
+def test_a_weighted_source_without_tokens_fails_loudly():
+    with pytest.raises(ValueError, match="small"):
+        plan_mix({"big": histogram({0: 10})}, config("down"))
+
+
+def tokenized(count: int) -> TokenizedChunk:
+    arrays = tuple(np.array([i % 97, i // 97, 5], dtype=np.int32) for i in range(count))
+    return TokenizedChunk("c0", arrays + (np.array([7, 7], dtype=np.int32),) * 5,
+                          tuple(("f", i, 0) for i in range(count + 5)))
+
+
+def test_the_split_hashes_what_is_trained_and_keeps_copies_together():
+    chunk = tokenized(2000)
+    step = SplitValidation(seed=0, fraction=0.1)
+    outputs = [o for o in step.process(chunk) if isinstance(o, TokenizedChunk)]
+    train, held = outputs
+    assert not is_validation(train.chunk_id) and is_validation(held.chunk_id)
+    assert len(train.origins) + len(held.origins) == 2005
+    assert 150 <= len(held.origins) <= 250  # about 10%
+    digests = chunk.record_digests("validation:0")
+    expected = {chunk.origins[i] for i in range(2005) if digests[i] < 0.1 * HASH_SPACE}
+    assert set(held.origins) == expected
+    copies = {("f", i, 0) for i in range(2000, 2005)}
+    assert copies <= set(held.origins) or not copies & set(held.origins)
+    [stats] = [o.value for o in step.process(chunk) if getattr(o, "tag", None) == STATS]
+    assert stats["validation.knowledge.documents"] == len(held.origins)
+    assert stats["validation.knowledge.tokens"] == sum(len(a) for a in held.token_arrays)
+    reseeded = SplitValidation(seed=1, fraction=0.1)
+    _, other = [o for o in reseeded.process(chunk) if isinstance(o, TokenizedChunk)]
+    assert set(other.origins) != expected
+
+
+def gsm8k_index(**kwargs) -> EvalIndex:
+    spec = parse_input_spec(0, f"{SHARED_DATA}/math/gsm8k_test.jsonl#text=question")
+    return EvalIndex(DecontamConfig((spec,), **kwargs))
+
+
+def test_ngrams_are_lower_cased_words():
+    assert ngrams("The cat, the HAT!", 2) == {"the cat", "cat the", "the hat"}
+    assert ngrams("too short", 3) == set()
+
+
+def test_a_planted_test_question_matches_and_unrelated_text_does_not():
+    index = gsm8k_index()
+    assert len(index.texts) == 1319
+    question = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every "
+                "morning and bakes muffins for her friends every day with four. She sells the "
+                "remainder at the farmers' market daily for $2 per fresh duck egg. How much in "
+                "dollars "
+                "does she make every day at the farmers' market?")
+    found = index.match(f"Please solve this.\n{question}\nThink step by step.")
+    assert found is not None and found.overlap == 1.0 and found.text.position == 0
+    # A third of the question holds too few of its n-grams for the default threshold (0.5).
+    words = question.split()
+    assert index.match(" ".join(words[: len(words) // 3])) is None
+    assert index.match("Tom has 3 apples and buys 4 more. How many apples does he have?") is None
+    assert gsm8k_index(threshold=0.2).match(" ".join(words[: len(words) // 2])) is not None
