@@ -148,10 +148,10 @@ def test_inputs_must_all_name_a_phase_once_one_does(tmp_path):
              f"--input={D}/chat/kto_en_demo_messages.json", f"--output={tmp_path}"])
 
 
-SPLIT_ARGS = (
-    f"--input={D}/instruction/alpaca_en_demo.json",
-    f"--input={D}/chat/kto_en_demo_messages.json",
-    f"--input={D}/pretrain/llamafactory_c4_demo.jsonl",
+SPLIT_ARGS = (  # mixing too, so that both are compared across runners
+    f"--input={D}/instruction/alpaca_en_demo.json#branch=instruction;name=general;weight=2",
+    f"--input={D}/chat/kto_en_demo_messages.json#branch=instruction;name=chat;weight=1",
+    f"--input={D}/pretrain/llamafactory_c4_demo.jsonl#branch=knowledge;name=web;weight=1",
     "--instruction_validation=0.1", "--knowledge_validation=25", "--num_shards=2",
     "--block_size=512",
 )
@@ -169,7 +169,8 @@ def test_validation_split_is_held_out_and_disjoint_from_train(split_runs):
     (output, manifest), _ = split_runs
     held = manifest["validation"]
     assert held["knowledge"]["documents"] == 25
-    examples = manifest["instruction"]["examples"] + held["instruction"]["examples"]
+    unselected = manifest["records"]["filtered"]["mix_unselected"]
+    examples = manifest["instruction"]["examples"] + held["instruction"]["examples"] + unselected
     assert 0.05 < held["instruction"]["examples"] / examples < 0.15
     assert manifest["records"]["balanced"]
     assert held["records"] == held["knowledge"]["documents"] + held["instruction"]["examples"]
@@ -181,9 +182,10 @@ def test_validation_split_is_held_out_and_disjoint_from_train(split_runs):
     assert all(len(r["input_ids"]) == 512 for r in rows(output, "validation/pretrain"))
 
 
-def test_validation_split_is_the_same_on_every_runner(split_runs):
+def test_validation_split_and_mixing_are_the_same_on_every_runner(split_runs):
     (first, manifest), (second, other) = split_runs
     assert other["validation"] == manifest["validation"]
+    assert other["mixing"] == manifest["mixing"]
     for kind in ("validation/sft", "validation/pretrain", "sft", "pretrain"):
         mine, theirs = sorted((first / kind).glob("*")), sorted((second / kind).glob("*"))
         assert [f.name for f in mine] == [f.name for f in theirs]
