@@ -71,3 +71,38 @@ def test_normalising_twice_changes_nothing(path):
     assert once and normalize_text(once) == once
     assert "\r" not in once and "\ufeff" not in once and "\n\n\n" not in once
     assert not any(line.endswith((" ", "\t")) for line in once.split("\n"))
+
+
+def _always_substituted(text: str, config: NormalizeConfig) -> str:
+    """``normalize_text`` without its skips: every substitution runs on every text."""
+    text = normalize._LINE_BREAK.sub("\n", normalize._INVISIBLE.sub("", text))
+    text = unicodedata.normalize("NFC", text)
+    if config.strip_gutenberg:
+        text = normalize.strip_gutenberg(text)
+    if config.collapse_whitespace:
+
+        def replace(run):
+            start, end = run.span()
+            if end == len(text) or text[end] == "\n":
+                return ""
+            if start == 0 or text[start - 1] == "\n":
+                return run.group()
+            return " "
+
+        text = normalize._BLANK_LINES.sub("\n\n", normalize._SPACE_RUN.sub(replace, text))
+        text = text.strip()
+    return text
+
+
+def test_skipping_substitutions_with_nothing_to_change_changes_nothing():
+    """Random texts over the characters the patterns care about, and the real books."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", " ", " ", "\n", "\t", "\xa0", "\u3000", "\r", "\r\n", "\x0b", "\x0c",
+                "\x85", "\u2028", "\u2029", "\u200b", "e\u0301", ".", "1"]
+    texts = ["".join(rng.choices(alphabet, k=rng.randint(0, 12))) for _ in range(20_000)]
+    texts += [path.read_text(encoding="utf-8") for path in BOOKS[:1]]
+    for config in (NormalizeConfig(), RAW, NormalizeConfig(strip_gutenberg=False)):
+        for text in texts:
+            assert normalize_text(text, config) == _always_substituted(text, config), repr(text)

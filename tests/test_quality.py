@@ -174,3 +174,67 @@ def test_ngram_limits_parse_and_format():
 def test_messages_name_the_thresholds():
     assert quality.describe("too_few_words", CONFIG) == "fewer than 3 words"
     assert "2:0.2,3:0.18,4:0.16" in quality.describe("repeated_top_ngram", CONFIG)
+
+
+# --------------------------------------------------------------------------- fast paths
+
+
+def _exact_top_ngram(stats, config):
+    """``top_ngram`` without its bound: the most frequent n-gram found by sorting, every n."""
+    for n, maximum in sorted(config.max_top_ngram):
+        ids = stats.ngram_ids(n)
+        if not len(ids):
+            break
+        value, count = quality._most_frequent(ids)
+        if count < quality.TOP_NGRAM_MIN_COUNT:
+            break
+        first = int((ids == value).argmax())
+        chars = int(stats.word_lengths[first:first + n].sum()) * count
+        if quality._above(quality._share(chars, stats.word_chars), maximum):
+            return quality.TOP_NGRAM
+    return None
+
+
+def _stuffed(phrase: str, times: int, filler: list[str]) -> str:
+    return " ".join([phrase] * times + filler)
+
+
+def test_the_top_ngram_bound_never_changes_a_verdict(real_prose):
+    filler = documents(PRETRAIN / "llamafactory_c4_demo.jsonl")[0].split()
+    texts = [*real_prose, *(normalize_text(d["text"]) for d in JUNK)]
+    # Around each limit: a phrase repeated over a share of the words close to it.
+    for phrase in ("buy now", "best cheap shoes", "click here to win"):
+        for times in range(1, 80, 3):
+            texts.append(_stuffed(phrase, times, filler[:300]))
+    configs = [CONFIG, dataclasses.replace(CONFIG, max_top_ngram=((1, 0.05), (2, 0.02))),
+               dataclasses.replace(CONFIG, max_top_ngram=((3, 0.0), (5, 0.01)))]
+    verdicts = collections.Counter()
+    for config in configs:
+        for text in texts:
+            found = quality.top_ngram(TextStats(text), config)
+            assert found == _exact_top_ngram(TextStats(text), config), text[:80]
+            verdicts[found] += 1
+    assert verdicts[quality.TOP_NGRAM] > 20 and verdicts[None] > 100
+
+
+def test_letters_count_every_script_like_the_digit_pattern():
+    texts = ["abc_def 123", "٣٤٥ arabic-indic ٦", "fullwidth \uff11\uff12\uff13 digits", "ok", "",
+             "mixed 4_2 ߁߂ devanagari २३ and thai ๓"]
+    for text in texts:
+        stats = TextStats(text)
+        expected = stats.word_chars - sum(map(len, quality._NOT_LETTERS.findall(text)))
+        assert stats.letters == expected, text
+
+
+def test_verdicts_are_remembered_per_text_and_configuration(monkeypatch):
+    monkeypatch.setattr(quality, "_VERDICTS", {})
+    spam = next(d["text"] for d in JUNK if d["expected"] == "repeated_top_ngram")
+    relaxed = dataclasses.replace(CONFIG, max_top_ngram=(), max_duplicate_ngrams=())
+    for _ in range(2):  # the second round answers from memory
+        assert quality_reason(spam) == "repeated_top_ngram"
+        assert quality_reason(spam, relaxed) is None
+    assert quality._VERDICTS[CONFIG][TextStats(spam).digest] == "repeated_top_ngram"
+    monkeypatch.setattr(quality, "_VERDICTS_MAX", 2)  # full: cleared, still right
+    for text in ("Hi", spam, "Hello there my friend", "Hi", spam):
+        assert quality_reason(text) == quality.judge(TextStats(text), CONFIG)
+        assert len(quality._VERDICTS[CONFIG]) <= 2

@@ -17,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 import numpy as np
 
-from transforms.quality import TextStats, ngram_hashes
+from transforms.quality import TextStats, ngram_hashes, text_hash
 from transforms.records import Record
 
 DUPLICATE_EXACT = "duplicate_exact"
@@ -103,8 +105,8 @@ class DuplicateIndex:
 
 
 def content_hash(text: str) -> bytes:
-    """128-bit hash of the text: equal normalised texts, equal hashes."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    """128-bit hash of the text: equal normalised texts, equal hashes (``TextStats.digest``)."""
+    return text_hash(text)
 
 
 def _stable_uint64(data: bytes) -> int:
@@ -121,11 +123,11 @@ def _word_hashes(words: Sequence[str]) -> np.ndarray:
     if None in found:
         if len(_WORD_HASHES) > _WORD_HASHES_MAX:
             _WORD_HASHES.clear()
-        for i, word in enumerate(words):
-            if found[i] is None:
-                folded = word.lower().replace("\u2019", "'")
-                found[i] = _WORD_HASHES[word] = _stable_uint64(
-                    folded.encode("utf-8", "surrogatepass"))
+        # Only the new words go through Python; the scan for them stays in C.
+        for word in itertools.compress(words, map(operator.is_, found, itertools.repeat(None))):
+            folded = word.lower().replace("\u2019", "'")
+            _WORD_HASHES[word] = _stable_uint64(folded.encode("utf-8", "surrogatepass"))
+        found = list(map(_WORD_HASHES.__getitem__, words))
     return np.array(found, dtype=np.uint64)
 
 
@@ -183,14 +185,13 @@ def similarity(signature_a: bytes, signature_b: bytes) -> float:
 def document_keys(key: RecordKey, stats: TextStats, config: DedupConfig,
                   hasher: MinHasher | None) -> DocumentKeys:
     """The keys pass one emits for one document; MinHash keys only with a ``hasher``."""
-    text = stats.text
     if hasher is None:
-        return DocumentKeys(key, content_hash(text))
+        return DocumentKeys(key, stats.digest)
     found = shingles(stats, config.ngram)
     if not len(found):  # no words: only an exact copy can match it
-        return DocumentKeys(key, content_hash(text))
+        return DocumentKeys(key, stats.digest)
     signature = hasher.signature(found)
-    return DocumentKeys(key, content_hash(text), band_keys(signature, config.bands),
+    return DocumentKeys(key, stats.digest, band_keys(signature, config.bands),
                         signature.tobytes())
 
 

@@ -4,7 +4,9 @@ Each rule is a small named function ``rule(stats, config) -> reason | None`` wit
 thresholds in ``QualityConfig`` and its own reason code, so a dropped document always says which
 rule dropped it and why. ``first_failure`` runs the rules cheapest first and returns the first
 reason. ``TextStats`` computes what the rules share (words, lines, paragraphs, n-gram ids) once
-per document and only when a rule asks for it.
+per document and only when a rule asks for it. ``first_failure`` remembers its verdicts per
+process by a hash of the text: deduplication's first pass and the main pass judge the same
+normalised documents, so the second judgement is a lookup.
 
 Words and scripts. A word is a run of letters, marks, digits and underscores (apostrophes
 inside, as in "don't"); punctuation and symbols are not words. Han characters and kana are one
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import re
 from collections.abc import Callable
 
@@ -63,6 +66,8 @@ _NON_IDEOGRAPH_CHAR = f"(?:[^\\W{_IDEOGRAPHS}]|[{_MARKS}])"
 _ANY_WORD = re.compile(
     f"[{_IDEOGRAPHS}]|{_NON_IDEOGRAPH_CHAR}+(?:{_APOSTROPHE}{_NON_IDEOGRAPH_CHAR}+)*")
 _NOT_LETTERS = re.compile(r"[\d_]+")  # the word characters that are not letters or marks
+_ASCII_NOT_LETTERS = "0123456789_"
+_OTHER_DIGIT = re.compile(r"[^\D0-9]")  # decimal digits other than 0-9 (Arabic-Indic, ...)
 _COMMON_SPACES = (" ", "\n", "\t", "\u00a0", "\u3000")  # what normalised text has left
 _ELLIPSES = ("...", "…")
 # Characters that start a bulleted line; "-" and "*" only when a space follows (not "--" or
@@ -76,6 +81,16 @@ RATIO_MIN_LINES = 3
 TOP_NGRAM_MIN_COUNT = 3
 # A large odd multiplier for polynomial n-gram hashes (wraps modulo 2**64; only equality is used).
 _NGRAM_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+# Verdicts remembered per configuration, by text hash; cleared when full, so memory stays
+# bounded (about 100 bytes an entry).
+_VERDICTS: dict[QualityConfig, dict[bytes, str | None]] = {}
+_VERDICTS_MAX = 1 << 19
+_NO_VERDICT = object()
+
+
+def text_hash(text: str) -> bytes:
+    """128-bit hash of a text: equal texts, equal hashes (deduplication's exact key too)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +130,10 @@ class TextStats:
         self._ngrams: dict[int, np.ndarray] = {}
 
     @functools.cached_property
+    def digest(self) -> bytes:
+        return text_hash(self.text)
+
+    @functools.cached_property
     def words(self) -> list[str]:
         return split_words(self.text)
 
@@ -128,8 +147,16 @@ class TextStats:
 
     @functools.cached_property
     def letters(self) -> int:
-        """Letters and marks: word characters that are not digits or underscores."""
-        return self.word_chars - sum(map(len, _NOT_LETTERS.findall(self.text)))
+        """Letters and marks: word characters that are not digits or underscores.
+
+        Digits and underscores are word characters wherever they stand, so they are counted
+        in the whole text: ``str.count`` for 0-9 and ``_``, a scan only for other digits.
+        """
+        text = self.text
+        other = 0
+        if not text.isascii() and _OTHER_DIGIT.search(text):
+            other = len(_OTHER_DIGIT.findall(text))
+        return self.word_chars - sum(map(text.count, _ASCII_NOT_LETTERS)) - other
 
     @functools.cached_property
     def lines(self) -> list[str]:
@@ -140,15 +167,33 @@ class TextStats:
         return [p.strip() for p in self.text.split("\n\n") if p.strip()]
 
     @functools.cached_property
+    def _indexed(self) -> tuple[dict[str, int], np.ndarray]:
+        vocabulary: dict[str, int] = {}
+        add = vocabulary.setdefault
+        ids = [add(word, len(vocabulary)) for word in self.words]  # one pass, no lookups
+        return vocabulary, np.array(ids, dtype=np.int64)
+
+    @property
     def vocabulary(self) -> dict[str, int]:
         """The distinct words, each with its id: the order of first occurrence."""
-        return {word: i for i, word in enumerate(dict.fromkeys(self.words))}
+        return self._indexed[0]
 
-    @functools.cached_property
+    @property
     def word_ids(self) -> np.ndarray:
         """Each word's vocabulary id: equal words, equal ids."""
-        return np.fromiter(map(self.vocabulary.__getitem__, self.words), dtype=np.int64,
-                           count=len(self.words))
+        return self._indexed[1]
+
+    @functools.cached_property
+    def _word_ends(self) -> np.ndarray:
+        """Word characters before each word boundary: 0, then the running sum."""
+        ends = np.zeros(len(self.words) + 1, dtype=np.int64)
+        np.cumsum(self.word_lengths, out=ends[1:])
+        return ends
+
+    def max_window_chars(self, n: int) -> int:
+        """The most word characters any n consecutive words hold."""
+        ends = self._word_ends
+        return int((ends[n:] - ends[:-n]).max()) if len(ends) > n else 0
 
     def ngram_ids(self, n: int) -> np.ndarray:
         """One uint64 per n-gram of consecutive words (position i covers words i..i+n-1), as
@@ -284,11 +329,22 @@ def _duplicates(items: list[str], text_chars: int, max_items: float, max_chars: 
 
 
 def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
-    """One short phrase repeated over much of the text: keyword stuffing."""
+    """One short phrase repeated over much of the text: keyword stuffing.
+
+    Most documents are far from the limit; an upper bound on the most frequent n-gram's count
+    (from hash buckets, no sort) times the longest n words shows that without finding it. An n
+    so cleared cannot fail, and when its true count is under 3 no larger n can either, so the
+    verdict is the one the exact count gives.
+    """
     for n, maximum in sorted(config.max_top_ngram):
         ids = stats.ngram_ids(n)
         if not len(ids):
             break
+        bound = _max_count_bound(ids)
+        if bound < TOP_NGRAM_MIN_COUNT:
+            break
+        if not _above(_share(bound * stats.max_window_chars(n), stats.word_chars), maximum):
+            continue
         value, count = _most_frequent(ids)
         if count < TOP_NGRAM_MIN_COUNT:
             break  # a longer n-gram is never more frequent; a phrase said twice is style
@@ -297,6 +353,14 @@ def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
         if _above(_share(chars, stats.word_chars), maximum):
             return TOP_NGRAM
     return None
+
+
+def _max_count_bound(values: np.ndarray) -> int:
+    """At least the count of the most frequent value: the fullest of 2**k >= 2 x len hash
+    buckets (multiply-shift of the values: equal values share a bucket)."""
+    bits = max(len(values).bit_length() + 1, 4)
+    buckets = (values.astype(np.uint64) * _NGRAM_MULTIPLIER) >> np.uint64(64 - bits)
+    return int(np.bincount(buckets.astype(np.intp), minlength=1 << bits).max())
 
 
 def _most_frequent(values: np.ndarray) -> tuple[np.uint64, int]:
@@ -403,7 +467,25 @@ def parse_ngram_limits(text: str) -> tuple[tuple[int, float], ...]:
 
 
 def first_failure(stats: TextStats, config: QualityConfig) -> str | None:
-    """The reason code of the first rule the document fails, or None to keep it."""
+    """The reason code of the first rule the document fails, or None to keep it.
+
+    Remembered per process by the text's hash (see the module docstring).
+    """
+    verdicts = _VERDICTS.get(config)
+    if verdicts is None:
+        verdicts = _VERDICTS.setdefault(config, {})
+    found = verdicts.get(stats.digest, _NO_VERDICT)
+    if found is not _NO_VERDICT:
+        return found
+    reason = judge(stats, config)
+    if len(verdicts) >= _VERDICTS_MAX:
+        verdicts.clear()
+    verdicts[stats.digest] = reason
+    return reason
+
+
+def judge(stats: TextStats, config: QualityConfig) -> str | None:
+    """``first_failure`` without the memory: every rule in order until one fails."""
     for rule in RULES:
         reason = rule(stats, config)
         if reason is not None:
