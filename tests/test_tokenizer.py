@@ -267,3 +267,47 @@ def test_ids_agree_with_tiktoken_on_real_text(tok):
     ours = tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     theirs = encoding.encode_ordinary_batch([unicodedata.normalize("NFC", t) for t in texts])
     assert ours == theirs
+
+
+def test_the_default_loads_as_auto_tokenizer_loads_it(tok):
+    """Constructed directly from the built files: the same tokenizer as AutoTokenizer's."""
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(tk.build_default_tokenizer())
+    auto.name_or_path = tok.name_or_path
+    assert type(auto) is type(tok)
+    assert tk.tokenizer_identity(auto) == tk.tokenizer_identity(tok)
+    assert auto.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    assert auto.special_tokens_map == tok.special_tokens_map
+    assert auto.added_tokens_decoder == tok.added_tokens_decoder
+    assert (auto.model_max_length, auto.padding_side, auto.truncation_side) == (
+        tok.model_max_length, tok.padding_side, tok.truncation_side)
+    assert auto.clean_up_tokenization_spaces == tok.clean_up_tokenization_spaces
+    texts = ["Hello, world!", "<|im_start|>x<|im_end|>", "机器学习 🙂 cafe\u0301"]
+    for kwargs in ({}, {"split_special_tokens": True}, {"return_offsets_mapping": True}):
+        assert auto(texts, **kwargs).data == tok(texts, **kwargs).data
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    assert auto.apply_chat_template(messages, tokenize=True, return_dict=False) == \
+        tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+
+
+def test_loading_the_default_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from transforms.tokenizer import load_tokenizer; load_tokenizer(); "
+            "import transforms.knowledge, transforms.instruction; "
+            "print('torch' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, cwd=Path(__file__).resolve().parents[1])
+    assert found.stdout.strip() == "False"
+
+
+def test_a_chat_template_shares_the_loaded_backend(tok, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    custom = tk.load_tokenizer(None, str(template))
+    assert custom is not tok and custom.backend_tokenizer is tok.backend_tokenizer
+    assert tk.load_tokenizer(None, str(template)) is custom
+    assert custom.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi"
+    assert tok.chat_template == tk.CHATML_TEMPLATE

