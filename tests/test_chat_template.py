@@ -13,7 +13,9 @@ import copy
 import dataclasses
 import functools
 import json
+import threading
 import time
+import tracemalloc
 import unicodedata
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tests.conftest import SHARED_DATA
+from transforms import chat_template
 from transforms.adapters import AdaptError, Conversation, to_conversation
 from transforms.chat_template import (
     IGNORE_INDEX,
@@ -635,3 +638,188 @@ def test_conversation_opening_with_the_assistant(qwen_tokenizer):
     (result,) = encode_conversations(qwen_tokenizer, [opening], DEFAULT, system_prompt="S")
     found = [decode(qwen_tokenizer, result.input_ids[a:b]) for a, b in segments(result.labels)]
     assert found == ["Welcome!<|im_end|>", "Hello<|im_end|>"]
+
+
+# --- the template sandbox: time and size limits, no file access, no imports ----------------------
+
+EVIL = "EVIL"  # the user message that sets off the hostile part of a template
+
+
+def hostile_template(tok, body: str):
+    """A copy of ``tok`` whose template runs ``body`` for conversations opening with EVIL and
+    renders the ChatML template for every other one. A shallow copy: these conversations hold
+    no control-token text, so encoding only reads the shared backend."""
+    tok = copy.copy(tok)
+    tok.chat_template = (f"{{% if messages[0].content == '{EVIL}' %}}{body}{{% endif %}}"
+                         + template("chatml"))
+    return tok
+
+
+def hostile_batch() -> list[Conversation]:
+    good = [Conversation((user(f"Question {k}?"), assistant(f"Answer {k}."))) for k in range(3)]
+    return [good[0], Conversation((user(EVIL), assistant("Hello"))), good[1], good[2]]
+
+
+def assert_only_the_evil_one_fails(toks, results) -> RenderError:
+    batch = hostile_batch()
+    expected = encode_conversations(toks["chatml"], batch[:1] + batch[2:], DEFAULT)
+    assert [type(r) for r in results] == [EncodedExample, RenderError, EncodedExample,
+                                          EncodedExample]
+    for mine, theirs in zip(results[:1] + results[2:], expected, strict=True):
+        assert np.array_equal(mine.input_ids, theirs.input_ids)
+        assert np.array_equal(mine.labels, theirs.labels)
+    assert results[1].reason == TEMPLATE_ERROR
+    return results[1]
+
+
+ENDLESS = [
+    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% macro again() %}{% for i in range(100000) %}{% for j in range(10) %}{% endfor %}"
+    "{% endfor %}{{ again() }}{% endmacro %}{{ again() }}",  # ~10 ms a level: time runs out first
+]
+
+
+@pytest.mark.parametrize("body", ENDLESS, ids=["output", "silent", "recursion"])
+def test_an_endless_template_is_stopped_by_the_time_limit(toks, monkeypatch, body):
+    """Loops that would run for hours stop after RENDER_TIME_LIMIT of CPU time; the other
+    conversations of the batch encode exactly as with the plain template."""
+    limit = 0.5
+    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    tok = hostile_template(toks["chatml"], body)
+    start = time.perf_counter()
+    results = encode_conversations(tok, hostile_batch(), DEFAULT)
+    assert time.perf_counter() - start < 10 * limit  # "finished"; a render takes ~0.1 ms
+    failed = assert_only_the_evil_one_fails(toks, results)
+    assert failed.message == ("chat template exceeded the time limit on the conversation: "
+                              f"one render took more than {limit:g} s of CPU time")
+
+
+def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
+    """Renders that last about as long as the limit, in several threads at once (Beam runs
+    DoFns in worker threads): each is either finished or stopped with the reason, and the
+    interruption never lands after its render has returned, here in the Python work that follows
+    every batch (a stray one would raise out of it and fail the test)."""
+    limit = 0.01
+    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    tok = hostile_template(toks["chatml"], "")
+    tok.chat_template = ("{% for i in range(messages[0].content|int) %}"
+                         "{% for j in range(100) %}{% endfor %}{% endfor %}" + template("chatml"))
+    outcomes: list[list[str]] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        seen = []
+        for _ in range(6):
+            loops = rng.integers(0, 20000, size=6)  # renders of 0 to ~2x the limit
+            batch = [Conversation((user(str(n)), assistant("A"))) for n in loops]
+            for result in encode_conversations(tok, batch, DEFAULT):
+                if isinstance(result, RenderError):
+                    assert result.reason == TEMPLATE_ERROR and "time limit" in result.message
+                seen.append(type(result).__name__)
+            busy = 0
+            deadline = time.thread_time() + 3 * limit
+            while time.thread_time() < deadline:  # bytecode: where a stray exception lands
+                busy += 1
+        outcomes.append(seen)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outcomes) == 3  # a thread that met a stray exception would not have reported
+    seen = {kind for kinds in outcomes for kind in kinds}
+    assert seen == {"EncodedExample", "RenderError"}  # both sides of the race were exercised
+
+
+def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
+    """The narrow case the test above cannot aim at: the watchdog raises the exception just as
+    the render returns, while the rendering thread waits for the lock to disarm. Disarming then
+    withdraws it, so it never lands in the code after the render. (White-box: this test plays
+    the watchdog thread, holding the lock as it does while it raises.)"""
+    watchdog = chat_template._Watchdog(60.0)
+    rendering = watchdog._thread_id = threading.get_ident()
+    watchdog.__enter__()
+    watchdog._lock.acquire()
+
+    def interrupt() -> None:
+        time.sleep(0.2)  # meanwhile the rendering thread blocks in __exit__, on the lock
+        watchdog._interrupted = watchdog._render
+        chat_template._set_async_exc(rendering, chat_template._RenderTimeout)
+        watchdog._lock.release()
+
+    helper = threading.Thread(target=interrupt)
+    helper.start()
+    try:
+        watchdog.__exit__(None, None, None)
+        total = sum(k * k for k in range(100_000))  # bytecode: where a pending one would land
+        assert total > 0
+    finally:
+        helper.join()
+
+
+@pytest.mark.parametrize(("body", "found"), [
+    ("{{ 'x' * 10**9 }}", "'*' would build 1,000,000,000 items"),
+    ("{{ [0] * 10**9 }}", "'*' would build 1,000,000,000 items"),
+    ("{{ 10 ** 100000 }}", "'**' would build an integer wider than"),
+    ("{% set n = 2 ** 4000 %}{{ n * n }}", "'*' would build an integer wider than"),
+    ("{% for i in range(100000) %}{{ messages[0].content * 1000 }}{% endfor %}",
+     "the rendered text passes RENDER_MAX_CHARS"),
+    ("{% set s %}{% for i in range(1000) %}{{ messages[0].content * 1000 }}{% endfor %}"
+     "{% endset %}{{ s|length }}", "the rendered text passes RENDER_MAX_CHARS"),
+])
+def test_runaway_output_and_arithmetic_are_refused(toks, monkeypatch, body, found):
+    """Size limits refuse a huge result before building it, or while the template writes it."""
+    monkeypatch.setattr(chat_template, "RENDER_MAX_CHARS", 1 << 20)
+    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", 60.0)  # the size limit comes first
+    tok = hostile_template(toks["chatml"], body)
+    failed = assert_only_the_evil_one_fails(
+        toks, encode_conversations(tok, hostile_batch(), DEFAULT))
+    assert failed.message.startswith("chat template failed on the conversation: "
+                                     "TemplateLimitError: ")
+    assert found in failed.message
+
+
+@pytest.mark.parametrize("body", [
+    "{{ 'x'|center(300000000)|length }}",
+    "{% autoescape 'x'|center(300000000)|length > 0 %}{% endautoescape %}",
+    "{% if 'x'|center(300000000)|length %}{% endif %}",
+])
+def test_nothing_is_evaluated_at_compile_time(toks, body):
+    """Jinja folds constant expressions while it compiles, out of reach of any render limit:
+    here that would build a 300 MB string for a branch no conversation takes."""
+    tok = copy.copy(toks["chatml"])
+    tok.chat_template = "{% if messages[0].content == 'never' %}" + body + "{% endif %}" + template(
+        "chatml")
+    tracemalloc.start()
+    try:
+        results = encode_conversations(tok, hostile_batch()[:1], DEFAULT)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(results[0], EncodedExample)
+    assert peak < 50 << 20, f"{peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize(("body", "found"), [
+    ("{% include '/etc/passwd' %}", "TypeError: no loader for this environment specified"),
+    ("{% import 'os' as os %}{{ os.system('id') }}", "no loader"),
+    ("{% from 'subprocess' import run %}{{ run('id') }}", "no loader"),
+    ("{% extends '/etc/passwd' %}", "no loader"),
+    ("{{ open('/etc/passwd').read() }}", "UndefinedError: 'open' is undefined"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),
+    ("{{ cycler.__init__.__globals__.os.popen('id').read() }}", "SecurityError"),
+    ("{{ raise_exception.__globals__['__builtins__']['open']('/etc/passwd').read() }}",
+     "SecurityError"),
+    ("{{ namespace.__init__.__globals__ }}", "SecurityError"),
+    ("{{ messages.append(messages[0]) }}", "SecurityError"),
+])
+def test_file_access_and_imports_are_refused(toks, body, found):
+    """Jinja's immutable sandbox, as transformers configures it: no loader (so no include,
+    import or extends), no builtins, no private attributes, no mutation of the conversation."""
+    tok = hostile_template(toks["chatml"], body)
+    failed = assert_only_the_evil_one_fails(
+        toks, encode_conversations(tok, hostile_batch(), DEFAULT))
+    assert found in failed.message
+    assert "root:" not in failed.message

@@ -110,3 +110,35 @@ def test_the_run_balances_and_memory_stays_bounded(run):
     # peak stays near the pipeline's usual ~1.0-1.3 GB, far below what holding the line as
     # bytes, text and parsed JSON would add (3 x 200 MB and more).
     assert peak_mb < 1700, peak_mb
+
+
+def test_a_template_that_never_ends_rejects_its_records_and_the_run_goes_on(tmp_path,
+                                                                              monkeypatch):
+    """A chat template that loops for hours on one conversation: that record lands in
+    rejected/ with the time limit as its reason, the others are trained on, the run ends."""
+    from beam_pipeline.pipeline import run
+    from transforms import chat_template
+
+    limit = 0.5
+    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)  # in-process runner
+    template = tmp_path / "endless.jinja"
+    template.write_text(
+        "{% if messages[0].content == 'EVIL' %}{% for i in range(100000) %}"
+        "{% for j in range(100000) %}x{% endfor %}{% endfor %}{% endif %}"
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    lines = [{"prompt": "What is 2+2?", "response": "4"}, {"prompt": "EVIL", "response": "no"},
+             {"prompt": "Name a river.", "response": "The Nile."}]
+    (tmp_path / "chat.jsonl").write_bytes(jsonl(*lines))
+    output = tmp_path / "out"
+    run([f"--input={tmp_path}/chat.jsonl", f"--output={output}", f"--chat_template={template}",
+         "--max_reject_fraction=1"])
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["records"]["balanced"] is True
+    assert manifest["records"]["instruction"] == 2
+    (rejected,) = [json.loads(line) for f in (output / "rejected").glob("*.jsonl")
+                   for line in f.open()]
+    assert rejected["reason"] == "template_error"
+    assert rejected["position"] == len(jsonl(lines[0]))
+    assert rejected["message"] == ("chat template exceeded the time limit on the conversation: "
+                                   f"one render took more than {limit:g} s of CPU time")

@@ -34,26 +34,58 @@ trained). When not even the first assistant turn fits, it is dropped as ``too_lo
 
 Rendering calls the tokenizer's compiled template directly, skipping ``apply_chat_template``'s
 per-call copying of the messages: canonical conversations hold only JSON values.
+
+Sandbox. A chat template is code from the tokenizer or ``--chat_template``. It is compiled in the
+environment transformers builds (Jinja's ``ImmutableSandboxedEnvironment``: no file access, no
+imports, no private attributes, ``range`` capped at 100,000 items) with limits on top:
+
+* every template render may use ``RENDER_TIME_LIMIT`` seconds of the rendering thread's CPU
+  time. Beam runs DoFns in worker threads, where ``signal.alarm`` cannot reach, so one watchdog
+  thread per batch raises an exception inside the rendering thread
+  (``PyThreadState_SetAsyncExc``); compiled templates are Python bytecode, so it lands within
+  the template's loop. A lock makes sure it never lands after the render has returned;
+* the rendered text may hold at most ``RENDER_MAX_CHARS`` characters, counted while the
+  template writes it; so may every ``{% set %}`` block, macro or call block, counted when it
+  is joined;
+* ``*`` may not build a string or list longer than that, and ``*`` and ``**`` no integer
+  wider than ``_MAX_INT_BITS`` bits: one such operation is a single C call that neither limit
+  could interrupt;
+* nothing is evaluated at compile time (Jinja folds constant expressions and filter calls
+  while it compiles, out of reach of any render limit).
+
+A template that breaks a limit fails that conversation with ``template_error`` and the batch goes
+on. Not bounded: memory that a template builds faster than the time limit catches it, with one
+C-level call (``replace``, ``center``, ``format`` with a large width) or a string doubled a few
+dozen times (``~``, ``+``, macro arguments). Records cannot do this, templates can: a template
+from an untrusted source should be read before it is used.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import gc
 import re
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator
+from jinja2.sandbox import SandboxedEnvironment
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
 from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG
 
 if TYPE_CHECKING:
+    import jinja2
     from tokenizers import Encoding, Tokenizer
     from transformers import PreTrainedTokenizerBase
 
@@ -61,6 +93,12 @@ TEMPLATE_NOT_PREFIX_STABLE = "template_not_prefix_stable"
 CONTROL_TOKEN_TEXT = "control_token_text"
 IGNORE_INDEX = -100
 OVERFLOW_POLICIES = ("truncate", "drop")
+
+# Limits of one template render (module docstring). A normal render takes ~0.1 ms, and one
+# prefix of a 2,000-turn conversation a few ms: the limits only stop runaway templates.
+RENDER_TIME_LIMIT = 5.0  # seconds of the rendering thread's CPU time
+RENDER_MAX_CHARS = 64 << 20  # characters of rendered text
+_MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a template
 
 # Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
 _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
@@ -105,6 +143,14 @@ class _Unrenderable(Exception):
         self.message = message
 
 
+class TemplateLimitError(Exception):
+    """A template render that would pass ``RENDER_MAX_CHARS`` or ``_MAX_INT_BITS``."""
+
+
+class _RenderTimeout(BaseException):  # not an Exception: no handler may swallow it
+    """Raised inside the rendering thread by the watchdog; caught only by ``_Encoder._render``."""
+
+
 def encode_conversations(
     tok: PreTrainedTokenizerBase,
     conversations: Sequence[Conversation],
@@ -128,11 +174,12 @@ def encode_conversations(
     except Exception as e:  # no chat template, or one that does not compile: every record says why
         message = f"chat template unusable: {type(e).__name__}: {e}"
         return [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
-    results = encoder.encode(conversations)
-    if max_tokens is not None:
-        for k, result in enumerate(results):
-            if isinstance(result, EncodedExample) and len(result.input_ids) > max_tokens:
-                results[k] = encoder.fit(conversations[k], result, max_tokens, overflow)
+    with encoder.watchdog.watching():  # one watchdog thread for the whole batch
+        results = encoder.encode(conversations)
+        if max_tokens is not None:
+            for k, result in enumerate(results):
+                if isinstance(result, EncodedExample) and len(result.input_ids) > max_tokens:
+                    results[k] = encoder.fit(conversations[k], result, max_tokens, overflow)
     return results
 
 
@@ -146,7 +193,8 @@ class _Encoder:
         self.system_prompt = system_prompt
         sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
                    for has_tools in (False, True)}
-        self.templates = {k: _compile_jinja_template(t) for k, t in sources.items()}
+        self.templates = {k: _compile(t) for k, t in sources.items()}
+        self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
         self.template_kwargs = dict(tok.special_tokens_map)
         controls = _control_tokens(tok, tuple(sources.values()))
         self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
@@ -203,9 +251,10 @@ class _Encoder:
 
     def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
                      generation_prompt: bool = False) -> str:
-        return self.templates[tools is not None].render(
-            messages=messages, tools=tools, documents=None,
-            add_generation_prompt=generation_prompt, **self.template_kwargs)
+        template = self.templates[tools is not None]
+        with self.watchdog:  # may raise _RenderTimeout
+            return template.render(messages=messages, tools=tools, documents=None,
+                                   add_generation_prompt=generation_prompt, **self.template_kwargs)
 
     def _render(self, conversation: Conversation) -> _Rendered:
         """The full text and the character spans to train, or ``_Unrenderable``."""
@@ -237,6 +286,10 @@ class _Encoder:
                 stage = "the conversation with control-token text marked"
                 marked = self._render_text(_mark(messages, self.control_re),
                                            _mark(tools, self.control_re))
+        except _RenderTimeout:
+            message = (f"chat template exceeded the time limit on {stage}: one render took more "
+                       f"than {self.watchdog.limit:g} s of CPU time")
+            raise _Unrenderable(TEMPLATE_ERROR, message) from None
         except Exception as e:  # templates are arbitrary code: any failure rejects the record
             message = f"chat template failed on {stage}: {type(e).__name__}: {e}"
             raise _Unrenderable(TEMPLATE_ERROR, message) from e
@@ -312,6 +365,167 @@ class _Encoder:
             return encoding.ids, encoding.offsets
         finally:
             backend.encode_special_tokens = False
+
+
+# --- sandbox limits ------------------------------------------------------------------------
+
+
+class _NoFoldingCodeGenerator(CodeGenerator):
+    """Jinja's code generator, except that it evaluates nothing while compiling.
+
+    Jinja turns an output expression with constant operands (``{{ 'x'|center(10000000000) }}``)
+    into its value at compile time, whatever the ``optimized`` setting; with ``optimized=False``
+    this is the only place left where compiling runs template code.
+    """
+
+    def _output_child_to_const(self, node: nodes.Expr, frame: Any, finalize: Any) -> str:
+        if not isinstance(node, (nodes.TemplateData, nodes.Const)):  # literals only
+            raise nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
+
+    def visit_EvalContextModifier(self, node: nodes.EvalContextModifier, frame: Any) -> None:
+        # ``{% autoescape EXPR %}`` folds EXPR; only a literal is taken at compile time.
+        for keyword in node.options:
+            self.writeline(f"context.eval_ctx.{keyword.key} = ")
+            self.visit(keyword.value, frame)
+            if isinstance(keyword.value, nodes.Const):
+                setattr(frame.eval_ctx, keyword.key, keyword.value.value)
+            else:
+                frame.eval_ctx.volatile = True
+
+
+class _Limits:
+    """Mixed into the class of transformers' sandboxed environment (see ``_compile``)."""
+
+    code_generator_class = _NoFoldingCodeGenerator
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for items, times in ((left, right), (right, left)):
+                if (isinstance(items, (str, list, tuple)) and isinstance(times, int)
+                        and len(items) * times > RENDER_MAX_CHARS):
+                    raise TemplateLimitError(
+                        f"'*' would build {len(items) * times:,} items, more than "
+                        f"RENDER_MAX_CHARS {RENDER_MAX_CHARS:,}")
+            if (isinstance(left, int) and isinstance(right, int)
+                    and left.bit_length() + right.bit_length() > _MAX_INT_BITS):
+                raise TemplateLimitError(f"'*' would build an integer wider than {_MAX_INT_BITS} "
+                                         "bits")
+        elif (operator == "**" and isinstance(left, int) and isinstance(right, int)
+              and abs(left) > 1 and right * (left.bit_length() - 1) >= _MAX_INT_BITS):
+            raise TemplateLimitError(f"'**' would build an integer wider than {_MAX_INT_BITS} bits")
+        return super().call_binop(context, operator, left, right)  # type: ignore[misc]
+
+    def concat(self, pieces: Any) -> str:
+        """``"".join``, counting characters as the template produces them."""
+        kept = []
+        size = 0
+        for piece in pieces:
+            size += len(piece)
+            if size > RENDER_MAX_CHARS:
+                raise TemplateLimitError(f"the rendered text passes RENDER_MAX_CHARS "
+                                         f"{RENDER_MAX_CHARS:,} characters")
+            kept.append(piece)
+        return "".join(kept)
+
+
+@functools.cache
+def _limited(sandbox: type) -> type:
+    return type(f"Limited{sandbox.__name__}", (_Limits, sandbox), {})
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(source: str) -> jinja2.Template:
+    """``source`` compiled in transformers' chat-template environment, with ``_Limits``.
+
+    The environment comes from compiling an empty template: compiling ``source`` itself there
+    would fold its constant expressions, outside any limit.
+    """
+    base = _compile_jinja_template("").environment
+    if not isinstance(base, SandboxedEnvironment):  # never render a template unsandboxed
+        raise TypeError(f"transformers compiles chat templates in a {type(base).__name__}, "
+                        "not in a Jinja sandbox")
+    env = base.overlay(optimized=False)  # its globals, filters and extensions; no folding
+    env.__class__ = _limited(type(base))  # the same class with _Limits first in its MRO
+    return env.from_string(source)
+
+
+def _async_exc_function(argument: type) -> Any:
+    prototype = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, argument)
+    return prototype(("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+
+# Private prototypes: ctypes.pythonapi's own function object is shared with other libraries.
+_set_async_exc = _async_exc_function(ctypes.py_object)
+_clear_async_exc = _async_exc_function(ctypes.c_void_p)  # None is NULL: clears a pending one
+
+
+class _Watchdog:
+    """Interrupts a render of one thread that runs past ``limit`` seconds of that thread's CPU
+    time (up to a quarter more: the watchdog looks every ``limit / 8``).
+
+    ``with watchdog.watching():`` runs the watchdog thread for a batch; ``with watchdog:``
+    bounds one render, which then may raise ``_RenderTimeout``. Per render that costs two
+    uncontended lock acquisitions (about 1 us in all); the thread wakes eight times per
+    ``limit``, reading the rendering thread's CPU clock.
+
+    The exception is raised at most once per render, under the lock, and only while that render
+    is armed. Leaving the block disarms under the same lock and clears the exception if it was
+    raised but has not landed yet (an asynchronous exception lands at the thread's next bytecode
+    boundary), so it can never surface after the block. If it lands in ``__exit__`` itself, it
+    surfaces from the block, which is where it belongs.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._armed = False
+        self._render = self._interrupted = 0  # the current render's number, the last stopped
+        self._thread_id = 0
+        self._cpu_time = time.monotonic
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        self._thread_id = threading.get_ident()
+        clock_id = getattr(time, "pthread_getcpuclockid", None)
+        if clock_id is not None:  # CPU time: threads queuing for the GIL do not age a render
+            self._cpu_time = functools.partial(time.clock_gettime, clock_id(self._thread_id))
+        self._stopped.clear()
+        watcher = threading.Thread(target=self._watch, name="chat-template-watchdog", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._armed = False
+            self._stopped.set()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._render += 1
+            self._armed = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._armed = False
+            if self._interrupted == self._render:
+                _clear_async_exc(self._thread_id, None)
+
+    def _watch(self) -> None:
+        seen, since = 0, 0.0  # the render last seen running, and the CPU time when first seen
+        while not self._stopped.wait(self.limit / 8):
+            with self._lock:
+                if not self._armed or self._interrupted == self._render:
+                    continue
+                now = self._cpu_time()
+                if self._render != seen:
+                    seen, since = self._render, now
+                elif now - since >= self.limit:
+                    self._interrupted = self._render
+                    if _set_async_exc(self._thread_id, _RenderTimeout) > 1:  # cannot happen
+                        _clear_async_exc(self._thread_id, None)
 
 
 def _trainable(message: dict) -> bool:
