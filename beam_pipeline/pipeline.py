@@ -50,7 +50,14 @@ from transforms.readers import plan_shards
 from transforms.records import BRANCHES, INSTRUCTION, KNOWLEDGE, ShardSpec
 from transforms.steps import PARTS, STATS
 from transforms.tokenizer import load_tokenizer, tokenizer_identity
-from transforms.writers import OUTPUT_KINDS, PHASES_NAME, WriteOutputs, prepare_output_dir
+from transforms.writers import (
+    OUTPUT_KINDS,
+    PHASES_NAME,
+    STAGING_DIR,
+    StagePart,
+    WriteOutputs,
+    prepare_output_dir,
+)
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
@@ -91,15 +98,24 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
         | "InstructionBranch" >> InstructionBranch(
             cfg.tokenizer, cfg.instruction, buckets,
             cfg.curation.for_branch(INSTRUCTION, cfg.inputs)))
-    parts = (routed[PARTS], knowledge_parts, instruction_parts) | "AllParts" >> beam.Flatten()
-    if not cfg.knowledge.write_filtered:
-        parts = parts | "CountOnlyFiltered" >> beam.Filter(lambda part: part.kind != FILTERED)
+    # Each step's tables are written to staging by a DoFn fused with the step, and only the
+    # small StagedFile notes are flattened: the DirectRunner materialises a flatten of several
+    # stages' outputs, which would hold every output row in memory at once.
+    stage = StagePart(FileSystems.join(cfg.output, STAGING_DIR),
+                      skip=() if cfg.knowledge.write_filtered else (FILTERED,))
+    staged = [parts | f"Stage {_step_label(parts)}" >> beam.ParDo(stage)
+              for parts in (routed[PARTS], *knowledge_parts, *instruction_parts)]
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
              | "SumStats" >> beam.CombineGlobally(sum_counters))
-    return (parts, stats) | "WriteOutputs" >> WriteOutputs(
+    return (staged | "AllStaged" >> beam.Flatten(), stats) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         {"config": cfg.as_dict(), "tokenizer": tokenizer})
+
+
+def _step_label(pcoll: beam.PCollection) -> str:
+    """The producing step's name, e.g. ``KnowledgeBranch Tokenize``."""
+    return pcoll.producer.full_label.replace("/", " ")
 
 
 class PreparePhase(beam.PTransform):

@@ -356,7 +356,8 @@ def pad_token_id(tok: PreTrainedTokenizerBase) -> int:
 
 
 class InstructionBranch(beam.PTransform):
-    """Instruction chunks in; packed SFT parts, dropped-record parts and stats out."""
+    """Instruction chunks in; each step's parts (packed SFT rows, dropped records) and stats
+    out. The parts stay apart so that each is staged where it is made (see build_graph)."""
 
     def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int,
                  curation: BranchCuration | None = None):
@@ -396,6 +397,6 @@ class InstructionBranch(beam.PTransform):
                               PackSequences(self.seq_len, self.max_segments, self.pad_id,
                                             final=True))
         steps += (packed, repacked)
-        parts = tuple(s[PARTS] for s in steps) | "InstructionParts" >> beam.Flatten()
+        parts = tuple(s[PARTS] for s in steps)
         stats = tuple(s[STATS] for s in steps) | "InstructionStats" >> beam.Flatten()
         return parts, stats

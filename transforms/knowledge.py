@@ -547,7 +547,8 @@ def document_texts(chunk: RecordChunk) -> list[str]:
 
 
 class KnowledgeBranch(beam.PTransform):
-    """Knowledge chunks in; pretraining block parts, dropped-record parts and stats out.
+    """Knowledge chunks in; each step's parts (pretraining blocks, dropped records) and stats
+    out. The parts stay apart so that each is staged where it is made (see build_graph).
 
     ``duplicates`` is ``FindDuplicateDocuments``' output, or None when deduplication is off.
     """
@@ -603,7 +604,7 @@ class KnowledgeBranch(beam.PTransform):
             | "DocumentLengthRange" >> beam.CombineGlobally(length_range)
             | "LengthRangeStats" >> beam.Map(_length_range_stats))
         steps += (tokenized, blocks, tails)
-        parts = tuple(s[PARTS] for s in steps) | "KnowledgeParts" >> beam.Flatten()
+        parts = tuple(s[PARTS] for s in steps)
         stats = ((*(s[STATS] for s in steps), length_stats)
                  | "KnowledgeStats" >> beam.Flatten())
         return parts, stats

@@ -93,15 +93,21 @@ def staged_path(staging_dir: str, part: Part) -> str:
 
 
 class StagePart(beam.DoFn):
-    """Writes one part to its staging file; the same part always lands in the same file."""
+    """Writes one part to its staging file; the same part always lands in the same file.
 
-    def __init__(self, staging_dir: str):
+    Parts of the ``skip`` kinds are counted by their steps but not written.
+    """
+
+    def __init__(self, staging_dir: str, skip: Sequence[str] = ()):
         self.staging_dir = staging_dir
+        self.skip = frozenset(skip)
 
     def setup(self) -> None:
         self.progress = Progress("staged")
 
     def process(self, part: Part) -> Iterator[StagedFile]:
+        if part.kind in self.skip:
+            return
         path = staged_path(self.staging_dir, part)
         order = json.dumps([part.chunk_id, part.step]).encode("utf-8")
         table = part.table.replace_schema_metadata({ORDER_KEY: order})
@@ -231,7 +237,7 @@ def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
 
 
 class WriteOutputs(beam.PTransform):
-    """Parts in; sharded output files and, last of all, manifest.json out."""
+    """Staged files and stats in; sharded output files and, last of all, manifest.json out."""
 
     def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
                  row_group_rows: int, manifest_fields: dict):
@@ -242,12 +248,11 @@ class WriteOutputs(beam.PTransform):
         self.row_group_rows = row_group_rows
         self.manifest_fields = manifest_fields
 
-    def expand(self, parts_and_stats):
-        parts, stats = parts_and_stats
+    def expand(self, staged_and_stats):
+        staged, stats = staged_and_stats
         staging_dir = FileSystems.join(self.output_dir, STAGING_DIR)
         written = (
-            parts
-            | "Stage" >> beam.ParDo(StagePart(staging_dir))
+            staged
             | "CollectStaged" >> beam.combiners.ToList()
             | "FindStaged" >> beam.Map(reconcile_staged, staging_dir)
             | "PlanFiles" >> beam.FlatMap(plan_output_files, self.output_dir, self.num_shards,
