@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import json
 import threading
 import time
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import AddedToken
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tests.conftest import SHARED_DATA
@@ -559,6 +561,100 @@ def test_plain_conversations_take_the_batched_path_unchanged(toks):
         assert a.input_ids.tolist() == tok.apply_chat_template(
             list(conversation.messages), tools=list(conversation.tools or []) or None,
             tokenize=True, return_dict=True)["input_ids"]
+
+
+# --- encoding without offsets (tiktoken pieces) -------------------------------------------------
+
+
+def hard_conversations() -> list[Conversation]:
+    """Text where piece and span boundaries are hard for byte offsets: multi-byte characters
+    split across tokens, text that NFC changes (so the backend must take it), whitespace runs
+    that one token carries across the start of a reply, combining marks after a control token,
+    and replies that are only whitespace and emoji."""
+    texts = [
+        "\n\nHello", "  two spaces first", "\r\n\r\nCRLF", "\u0301 combining first",
+        "cafe\u0301 is not NFC", "caf\u00e9 is NFC", "🙂👍🏽 ﷽ 12시 땡!",
+        "秦川雄帝宅，函谷壯皇居。",  # noqa: RUF001
+        "trailing spaces   ", "\t\ttabs\n\n\n", "x" * 300 + " \u00e9" * 50, "A\u030a\u0323",
+    ]
+    conversations = [Conversation((user(text), assistant(text))) for text in texts]
+    conversations += [Conversation((user(a), assistant(b), user(b), assistant(a)))
+                      for a, b in itertools.pairwise(texts)]
+    conversations.append(Conversation(({"role": "system", "content": "\u0301\n"},
+                                       user("\u00e9"), assistant("\n\u0301x"))))
+    return conversations
+
+
+def fast_corpus() -> list[Conversation]:
+    return [*decode_corpus(), *hard_conversations()]
+
+
+def assert_same_results(fast: list, slow: list) -> None:
+    assert len(fast) == len(slow)
+    for n, (a, b) in enumerate(zip(fast, slow, strict=True)):
+        if isinstance(b, RenderError):
+            assert a == b, n
+        else:
+            assert isinstance(a, EncodedExample), (n, a)
+            assert a.input_ids.dtype == b.input_ids.dtype == np.int32, n
+            assert np.array_equal(a.input_ids, b.input_ids), n
+            assert np.array_equal(a.labels, b.labels), n
+            assert a.tokens_cut == b.tokens_cut, n
+
+
+def test_the_offline_tokenizer_takes_the_tiktoken_path(toks, qwen_tokenizer):
+    """So that every mask test here, the sweeps against transformers included, checks it."""
+    for tok in (qwen_tokenizer, *toks.values()):
+        assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
+
+
+@pytest.mark.parametrize("options", [
+    DEFAULT, MaskOptions(train_end_of_turn=False), MaskOptions(last_turn_only=True)],
+    ids=["default", "no_end_of_turn", "last_turn"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, monkeypatch):
+    tok, conversations = toks[family], fast_corpus()
+    fast = encode_conversations(tok, conversations, options, max_tokens=512, overflow="truncate")
+    with monkeypatch.context() as m:  # the backend with offsets, as before the tiktoken path
+        m.setattr(chat_template, "_TOOLS", {})
+        m.setattr(chat_template, "_piece_encoder", lambda backend: None)
+        slow = encode_conversations(tok, conversations, options, max_tokens=512,
+                                    overflow="truncate")
+    assert_same_results(fast, slow)
+    assert sum(isinstance(r, EncodedExample) and r.tokens_cut > 0 for r in fast) > 10
+
+
+def test_texts_that_normalisation_changes_go_to_the_backend(toks):
+    pieces = chat_template._backend_tools(toks["chatml"].backend_tokenizer).pieces
+    assert pieces.encode(["<|im_start|>cafe\u0301<|im_end|>"]) == [None]
+    (tokens,) = pieces.encode(["<|im_start|>caf\u00e9<|im_end|>\n"])
+    assert tokens.ends[-1] == len("<|im_start|>caf\u00e9<|im_end|>\n".encode())
+
+
+def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok.add_tokens(["<custom>"])  # not special: matched in raw text, so tiktoken is not proven
+    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    stripped = copy.deepcopy(qwen_tokenizer)
+    stripped.add_special_tokens({"additional_special_tokens": [
+        AddedToken("<strip>", lstrip=True, special=True)]})
+    assert chat_template._backend_tools(stripped.backend_tokenizer).pieces is None
+    conversation = Conversation((user("a <custom> b"), assistant("c <custom> d")))
+    (result,) = encode_conversations(tok, [conversation], DEFAULT)
+    assert result.input_ids.tolist() == tok.apply_chat_template(
+        list(conversation.messages), tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_the_shared_tokenizer_is_only_read(toks):
+    """Control-token text is encoded by a private copy of the backend, so the tokenizer loaded
+    once per process can serve every thread without a copy of its own."""
+    tok = toks["chatml"]
+    backend = tok.backend_tokenizer
+    assert not backend.encode_special_tokens
+    (result,) = encode_conversations(tok, [hostile("chatml")], DEFAULT)
+    assert isinstance(result, EncodedExample)
+    assert not backend.encode_special_tokens
+    assert chat_template._backend_tools(backend).text_backend is not backend
 
 
 # --- overflow ------------------------------------------------------------------------------------

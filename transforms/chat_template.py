@@ -16,7 +16,9 @@ whitespace after the end-of-turn token (ChatML's ``"\\n"``, Gemma's ``"\\n"``) i
 template writes between turns; the model stops at the end-of-turn token and never generates it,
 and the ``{% generation %}`` blocks of stock templates end before it too. Spans become token
 positions through the tokenizer's character offsets: a token is trained when it overlaps the
-span, the rule transformers applies to generation blocks.
+span, the rule transformers applies to generation blocks. Where the tokenizer is proven to be
+the offline Qwen2 one, tiktoken encodes the text between added tokens and the same positions
+come from the tokens' byte lengths, with no offsets (``_PieceEncoder``).
 
 Control-token text in content. A user message that contains the string ``<|im_end|>`` must not
 become the end-of-turn token, or one message could forge turn structure. Conversations whose
@@ -68,10 +70,11 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -79,14 +82,16 @@ import numpy as np
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import SandboxedEnvironment
+from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
+from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder
 from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG
 
 if TYPE_CHECKING:
     import jinja2
-    from tokenizers import Encoding, Tokenizer
+    from tokenizers import Encoding
     from transformers import PreTrainedTokenizerBase
 
 TEMPLATE_NOT_PREFIX_STABLE = "template_not_prefix_stable"
@@ -99,6 +104,7 @@ OVERFLOW_POLICIES = ("truncate", "drop")
 RENDER_TIME_LIMIT = 5.0  # seconds of the rendering thread's CPU time
 RENDER_MAX_CHARS = 64 << 20  # characters of rendered text
 _MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a template
+_FAST_BATCH = 256  # rendered texts handed to the tiktoken thread at a time
 
 # Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
 _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
@@ -164,8 +170,8 @@ def encode_conversations(
     ``system_prompt`` is prepended as a system message to conversations that have none.
     Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
     One bad record cannot fail the batch: rendering is per conversation and each failure is a
-    ``RenderError``. The tokenizer must not be used by another thread meanwhile: encoding
-    control-token text as plain text switches its backend's ``encode_special_tokens`` flag.
+    ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
+    plain text by a private copy of its backend.
     """
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
@@ -189,11 +195,13 @@ class _Encoder:
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
                  system_prompt: str | None) -> None:
         self.backend: Tokenizer = tok.backend_tokenizer
+        self.tools = _backend_tools(self.backend)
         self.options = options
         self.system_prompt = system_prompt
         sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
                    for has_tools in (False, True)}
-        self.templates = {k: _compile(t) for k, t in sources.items()}
+        compiled = {k: _compile(t) for k, t in sources.items()}
+        self.templates = {k: (t, dict(t.globals)) for k, t in compiled.items()}
         self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
         self.template_kwargs = dict(tok.special_tokens_map)
         controls = _control_tokens(tok, tuple(sources.values()))
@@ -206,18 +214,37 @@ class _Encoder:
     def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | RenderError]:
         results: list[EncodedExample | RenderError | None] = []
         rendered: list[_Rendered] = []
-        for conversation in conversations:
-            try:
-                rendered.append(self._render(conversation))
-                results.append(None)
-            except _Unrenderable as e:
-                results.append(RenderError(e.reason, e.message))
-        plain = [r.text for r in rendered if r.marked is None]
-        # Offsets are millions of small tuples: a cyclic collection meanwhile would scan them all.
+        fast = self.tools.pieces
+        pending: list[tuple[list[int], Callable[[], list[_Tokens | None]]]] = []
+        waiting: list[int] = []  # positions in ``rendered`` of plain texts not yet handed over
+        # Ids and offsets are millions of small objects: a cyclic collection meanwhile would scan
+        # them all.
         with _gc_paused():
-            encodings = iter(self.backend.encode_batch(plain, add_special_tokens=False))
-            examples = iter([self._example(r, None if r.marked else next(encodings))
-                             for r in rendered])
+            for conversation in conversations:
+                try:
+                    rendered.append(self._render(conversation))
+                    results.append(None)
+                except _Unrenderable as e:
+                    results.append(RenderError(e.reason, e.message))
+                    continue
+                if fast is not None and rendered[-1].marked is None:
+                    waiting.append(len(rendered) - 1)
+                if len(waiting) == _FAST_BATCH:  # encoded meanwhile, while the rest renders
+                    pending.append((waiting, fast.start([rendered[k].text for k in waiting])))
+                    waiting = []
+            if waiting:
+                pending.append((waiting, fast.start([rendered[k].text for k in waiting])))
+            found: list[_Tokens | Encoding | None] = [None] * len(rendered)
+            for positions, finish in pending:
+                for k, tokens in zip(positions, finish(), strict=True):
+                    found[k] = tokens
+            slow = [k for k, r in enumerate(rendered) if r.marked is None and found[k] is None]
+            if slow:
+                encodings = self.backend.encode_batch([rendered[k].text for k in slow],
+                                                      add_special_tokens=False)
+                for k, encoding in zip(slow, encodings, strict=True):
+                    found[k] = encoding
+            examples = iter([self._example(r, t) for r, t in zip(rendered, found, strict=True)])
         return [result if result is not None else next(examples) for result in results]
 
     def fit(self, conversation: Conversation, example: EncodedExample, max_tokens: int,
@@ -251,10 +278,17 @@ class _Encoder:
 
     def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
                      generation_prompt: bool = False) -> str:
-        template = self.templates[tools is not None]
+        template, template_globals = self.templates[tools is not None]
+        # What ``template.render`` does, less merging the globals (a ChainMap) on every call.
+        context = template.new_context(
+            {**template_globals, "messages": messages, "tools": tools, "documents": None,
+             "add_generation_prompt": generation_prompt, **self.template_kwargs}, shared=True)
+        environment = template.environment
         with self.watchdog:  # may raise _RenderTimeout
-            return template.render(messages=messages, tools=tools, documents=None,
-                                   add_generation_prompt=generation_prompt, **self.template_kwargs)
+            try:
+                return environment.concat(template.root_render_func(context))
+            except Exception:
+                environment.handle_exception()  # re-raises, with the template's lines
 
     def _render(self, conversation: Conversation) -> _Rendered:
         """The full text and the character spans to train, or ``_Unrenderable``."""
@@ -307,17 +341,23 @@ class _Encoder:
         calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
         return any(search(text) for text in _strings((calls, tools)))
 
-    def _example(self, rendered: _Rendered, plain: Encoding | None) -> EncodedExample | RenderError:
-        if rendered.marked is None:
-            ids, offsets = plain.ids, plain.offsets
+    def _example(self, rendered: _Rendered, plain: Encoding | _Tokens | None
+                 ) -> EncodedExample | RenderError:
+        if isinstance(plain, _Tokens):
+            input_ids = plain.ids
+            ranges = plain.token_ranges(rendered.text, rendered.spans)
         else:
-            try:
-                ids, offsets = self._encode_marked(rendered.marked)
-            except _Unrenderable as e:
-                return RenderError(e.reason, e.message)
-        input_ids = np.asarray(ids, dtype=np.int32)
+            if plain is not None:
+                ids, offsets = plain.ids, plain.offsets
+            else:
+                try:
+                    ids, offsets = self._encode_marked(rendered.marked)
+                except _Unrenderable as e:
+                    return RenderError(e.reason, e.message)
+            input_ids = np.asarray(ids, dtype=np.int32)
+            ranges = _token_ranges(offsets, rendered.spans)
         labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
-        for first, stop in _token_ranges(offsets, rendered.spans):
+        for first, stop in ranges:
             end = stop
             if self.end_ids is not None:
                 while end > first and int(input_ids[end - 1]) in self.end_ids:
@@ -352,19 +392,179 @@ class _Encoder:
 
     def _encode_piece(self, piece: str, as_text: bool, first: bool
                       ) -> tuple[list[int], list[tuple[int, int]]]:
-        backend = self.backend
-        backend.encode_special_tokens = as_text
+        # Control-token text as plain text: a private copy of the backend with
+        # ``encode_special_tokens`` set, so the shared tokenizer is never switched.
+        backend = self.tools.text_backend if as_text else self.backend
+        if not first:
+            newline = backend.encode("\n", add_special_tokens=False).ids
+            encoding = backend.encode("\n" + piece, add_special_tokens=False)
+            if encoding.ids[: len(newline)] == newline:
+                shifted = [(a - 1, b - 1) for a, b in encoding.offsets[len(newline) :]]
+                return encoding.ids[len(newline) :], shifted
+        encoding = backend.encode(piece, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+
+# --- encoding without offsets -------------------------------------------------------------
+
+
+class _Tokens:
+    """The ids of one rendered text and the UTF-8 byte offset at which each token ends."""
+
+    __slots__ = ("ends", "ids")
+
+    def __init__(self, ids: np.ndarray, ends: np.ndarray) -> None:
+        self.ids = ids  # int32
+        self.ends = ends  # int64, non-decreasing; the tokens cover the text's bytes in order
+
+    def token_ranges(self, text: str, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+        """``_token_ranges`` from byte offsets: the same tokens overlap each span.
+
+        A token's character offsets are the characters its bytes fall in, and spans start and
+        end at character boundaries, so a token overlaps a span in characters exactly when it
+        does in bytes (a token holding part of a character counts as holding all of it).
+        """
+        ends, n = self.ends, len(self.ids)
+        to_bytes = ((lambda at: at) if text.isascii()
+                    else (lambda at: len(text[:at].encode("utf-8"))))
+        for start, end in spans:
+            if end > start:
+                first = int(ends.searchsorted(to_bytes(start), "right"))
+                # Tokens starting before the span's end: those ending before it, and one more.
+                stop = min(int(ends.searchsorted(to_bytes(end), "left")) + 1, n)
+                if stop > first:
+                    yield first, stop
+
+
+class _PieceEncoder:
+    """Encodes rendered texts without offsets, with ids proven equal to the backend's.
+
+    The backend cuts a text at its added tokens first and encodes each piece between them on its
+    own (normalised, pre-tokenised, BPE); no merge ever crosses an added token. Where the backend
+    is the offline Qwen2 tokenizer (``fast_raw_encoder`` proves it, and that every added token is
+    special, matched as written and without stripping), the pieces are encoded by tiktoken and
+    the added tokens looked up. A piece that normalisation would change (not NFC) or that cannot
+    be UTF-8 (lone surrogates) sends its whole text back to the backend, so byte offsets are
+    always offsets into the text itself; token ends are cumulative byte lengths of the tokens.
+    """
+
+    def __init__(self, backend: Tokenizer, fast: TiktokenEncoder) -> None:
+        self.fast = fast
+        self.normalize = backend.normalizer.normalize_str
+        added = backend.get_added_tokens_decoder()
+        self.added_ids = {token.content: i for i, token in added.items()}
+        self.split = re.compile(f"({_alternation(tuple(self.added_ids)).pattern})").split
+        vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
+        self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
+        self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
+            map(len, vocab), np.int64, len(vocab))
+        for i, token in added.items():
+            self.nbytes[i] = len(token.content.encode("utf-8"))
+
+    def _plain(self, piece: str) -> bool:
+        if piece.isascii():
+            return True
         try:
-            if not first:
-                newline = backend.encode("\n", add_special_tokens=False).ids
-                encoding = backend.encode("\n" + piece, add_special_tokens=False)
-                if encoding.ids[: len(newline)] == newline:
-                    shifted = [(a - 1, b - 1) for a, b in encoding.offsets[len(newline) :]]
-                    return encoding.ids[len(newline) :], shifted
-            encoding = backend.encode(piece, add_special_tokens=False)
-            return encoding.ids, encoding.offsets
-        finally:
-            backend.encode_special_tokens = False
+            piece.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return self.normalize(piece) == piece
+
+    def encode(self, texts: Sequence[str]) -> list[_Tokens | None]:
+        """Each text's tokens, or None where the backend must encode it."""
+        return self.start(texts)()
+
+    def start(self, texts: Sequence[str]) -> Callable[[], list[_Tokens | None]]:
+        """Starts encoding ``texts`` on the encoder's thread pool, where it has one (tiktoken
+        releases the GIL); the function returned waits and gives what ``encode`` gives."""
+        layouts: list[list[str] | None] = []
+        pieces: list[str] = []
+        for text in texts:
+            parts = self.split(text)  # text, added token, text, ..., text
+            if text.isascii() or all(map(self._plain, parts[::2])):
+                layouts.append(parts)
+                pieces += filter(None, parts[::2])
+            else:
+                layouts.append(None)
+        encode = self.fast.encoding.encode_ordinary  # pieces are checked: no normalising here
+        pool = self.fast.pool
+        if pool is None:
+            encoded = list(map(encode, pieces))
+            return lambda: self._assemble(layouts, encoded)
+        future = pool.submit(lambda: list(map(encode, pieces)))
+        return lambda: self._assemble(layouts, future.result())
+
+    def _assemble(self, layouts: list[list[str] | None],
+                  encoded_pieces: list[list[int]]) -> list[_Tokens | None]:
+        encoded = iter(encoded_pieces)
+        added_ids = self.added_ids
+        ids: list[int] = []  # all texts' ids back to back: one conversion to numpy
+        bounds = [0]
+        for parts in layouts:
+            if parts is not None:
+                for k, part in enumerate(parts):
+                    if k % 2:
+                        ids.append(added_ids[part])
+                    elif part:
+                        ids += next(encoded)
+            bounds.append(len(ids))
+        array = np.array(ids, dtype=np.int32)
+        ends = np.zeros(len(array) + 1, dtype=np.int64)
+        np.cumsum(self.nbytes[array], out=ends[1:])
+        starts = ends[bounds].tolist()  # byte offset of each text's first token in the run
+        return [None if parts is None
+                else _Tokens(array[a:b], ends[a + 1 : b + 1] - start)
+                for parts, a, b, start in zip(layouts, bounds, bounds[1:], starts, strict=False)]
+
+
+def _piece_encoder(backend: Tokenizer) -> _PieceEncoder | None:
+    """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None."""
+    post = backend.post_processor
+    if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
+        return None  # trimmed offsets are not the tokens' bytes
+    if any(t.lstrip or t.rstrip or t.single_word or t.normalized
+           for t in backend.get_added_tokens_decoder().values()):
+        return None  # matched around or after normalisation: not a plain split of the text
+    fast = fast_raw_encoder(backend, lambda text: backend.encode(text,
+                                                                 add_special_tokens=False).ids)
+    return None if fast is None else _PieceEncoder(backend, fast)
+
+
+class _BackendTools:
+    """What encoding derives from one backend, made once per process and backend."""
+
+    def __init__(self, backend: Tokenizer, signature: tuple) -> None:
+        self.backend = backend
+        self.signature = signature
+
+    @functools.cached_property
+    def pieces(self) -> _PieceEncoder | None:
+        return _piece_encoder(self.backend)
+
+    @functools.cached_property
+    def text_backend(self) -> Tokenizer:
+        """A private copy that encodes added-token text as plain text."""
+        backend = Tokenizer.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+
+_TOOLS: dict[int, _BackendTools] = {}
+_TOOLS_LOCK = threading.Lock()
+
+
+def _backend_tools(backend: Tokenizer) -> _BackendTools:
+    """The backend's ``_BackendTools``, made again if its added tokens or flag changed."""
+    signature = (backend.encode_special_tokens, tuple(
+        (i, t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
+        for i, t in sorted(backend.get_added_tokens_decoder().items())))
+    with _TOOLS_LOCK:
+        tools = _TOOLS.get(id(backend))
+        if tools is None or tools.backend is not backend or tools.signature != signature:
+            while len(_TOOLS) >= 16:
+                _TOOLS.pop(next(iter(_TOOLS)))
+            tools = _TOOLS[id(backend)] = _BackendTools(backend, signature)
+        return tools
 
 
 # --- sandbox limits ------------------------------------------------------------------------
@@ -394,6 +594,9 @@ class _NoFoldingCodeGenerator(CodeGenerator):
                 frame.eval_ctx.volatile = True
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
 class _Limits:
     """Mixed into the class of transformers' sandboxed environment (see ``_compile``)."""
 
@@ -416,6 +619,16 @@ class _Limits:
               and abs(left) > 1 and right * (left.bit_length() - 1) >= _MAX_INT_BITS):
             raise TemplateLimitError(f"'**' would build an integer wider than {_MAX_INT_BITS} bits")
         return super().call_binop(context, operator, left, right)  # type: ignore[misc]
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """``message.role`` on a plain dict without the sandbox's failed ``getattr`` first: a
+        name that ``dict`` lacks is never an attribute of one, so Jinja would look the key up."""
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)  # type: ignore[attr-defined]
+        return super().getattr(obj, attribute)  # type: ignore[misc]
 
     def concat(self, pieces: Any) -> str:
         """``"".join``, counting characters as the template produces them."""

@@ -10,7 +10,6 @@ together in a few ordered groups. Packed rows depend only on the input.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
@@ -271,10 +270,8 @@ class EncodeConversations(ChunkStep):
         self.config = config
 
     def setup(self) -> None:
-        # A private copy: encoding switches the backend's special-token flag, and the loaded
-        # tokenizer is shared with every other step (and thread) of the process.
-        self.tokenizer = copy.deepcopy(load_tokenizer(self.tokenizer_spec,
-                                                      self.config.chat_template))
+        # The process's shared tokenizer: encoding only reads it (no private copy needed).
+        self.tokenizer = load_tokenizer(self.tokenizer_spec, self.config.chat_template)
 
     def run(self, chunk: ConversationChunk) -> Iterator[EncodedChunk]:
         config = self.config
