@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import pickle
 import threading
 import time
 import tracemalloc
@@ -655,6 +656,17 @@ def test_the_shared_tokenizer_is_only_read(toks):
     assert isinstance(result, EncodedExample)
     assert not backend.encode_special_tokens
     assert chat_template._backend_tools(backend).text_backend is not backend
+
+
+def test_examples_pickle_to_equal_writeable_int32_arrays():
+    example = EncodedExample(np.array([5, 6, 7], np.int32), np.array([-100, 6, 7], np.int32), 2)
+    for copied in (pickle.loads(pickle.dumps(example, protocol)) for protocol in (2, 4, 5)):
+        assert copied.input_ids.tolist() == [5, 6, 7] and copied.labels.tolist() == [-100, 6, 7]
+        assert copied.tokens_cut == 2
+        assert copied.input_ids.dtype == copied.labels.dtype == np.int32
+        assert copied.input_ids.flags.writeable and copied.labels.flags.writeable
+    other = EncodedExample(np.arange(3), np.arange(3))  # not int32: pickled as it is
+    assert pickle.loads(pickle.dumps(other)).input_ids.dtype == other.input_ids.dtype
 
 
 # --- overflow ------------------------------------------------------------------------------------
