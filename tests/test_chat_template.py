@@ -640,6 +640,9 @@ def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
     stripped.add_special_tokens({"additional_special_tokens": [
         AddedToken("<strip>", lstrip=True, special=True)]})
     assert chat_template._backend_tools(stripped.backend_tokenizer).pieces is None
+    flagged = copy.deepcopy(qwen_tokenizer)
+    flagged.backend_tokenizer.encode_special_tokens = True  # control tokens would be text
+    assert chat_template._backend_tools(flagged.backend_tokenizer).pieces is None
     conversation = Conversation((user("a <custom> b"), assistant("c <custom> d")))
     (result,) = encode_conversations(tok, [conversation], DEFAULT)
     assert result.input_ids.tolist() == tok.apply_chat_template(

@@ -525,6 +525,8 @@ class _PieceEncoder:
 
 def _piece_encoder(backend: Tokenizer) -> _PieceEncoder | None:
     """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None."""
+    if backend.encode_special_tokens:
+        return None  # added tokens are text to the backend then, not places to cut
     post = backend.post_processor
     if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
         return None  # trimmed offsets are not the tokens' bytes
