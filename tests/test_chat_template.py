@@ -730,16 +730,6 @@ def test_truncation_cuts_after_a_tool_call_turn(toks):
     assert decode(tok, cut.input_ids).endswith("<|im_end|>\n")
 
 
-def test_speed_on_alpaca(toks):
-    """A loose floor that catches accidental per-token Python work; the report has the numbers."""
-    conversations = list(adapted("instruction/alpaca_en_demo.json")[0])
-    start = time.perf_counter()
-    results = encode_conversations(toks["chatml"], conversations, DEFAULT)
-    rate = len(conversations) / (time.perf_counter() - start)
-    assert all(isinstance(r, EncodedExample) for r in results)
-    assert rate > 300, f"{rate:.0f} conversations/s"
-
-
 def test_conversation_opening_with_the_assistant(qwen_tokenizer):
     """The default template cannot render the empty history before such a turn; a system
     prompt gives it one."""
