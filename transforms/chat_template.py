@@ -87,7 +87,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
 from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder
-from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG
+from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG, strings_in
 
 if TYPE_CHECKING:
     import jinja2
@@ -351,7 +351,7 @@ class _Encoder:
                 else any(map(search, contents))):
             return True
         calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
-        return bool(calls or tools) and any(search(text) for text in _strings((calls, tools)))
+        return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
 
     def _example(self, rendered: _Rendered, plain: Encoding | _Tokens | None
                  ) -> EncodedExample | RenderError:
@@ -817,16 +817,6 @@ def _alternation(tokens: tuple[str, ...]) -> re.Pattern:
     return re.compile(f"(?=[{starts}])(?:{'|'.join(map(re.escape, ordered))})")
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string inside nested lists, tuples and dict values."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _strings(item)
 
 
 def _mark(value: Any, pattern: re.Pattern) -> Any:

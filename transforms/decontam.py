@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from transforms.readers import plan_shards, read_shard
-from transforms.records import InputSpec, Rejection
+from transforms.records import InputSpec, Rejection, strings_in
 from transforms.steps import ChunkStep
 
 CONTAMINATED = "contaminated"
@@ -54,16 +54,6 @@ def ngrams(text: str, n: int) -> set[str]:
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string inside a parsed record, in document order."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
 
 
 class EvalIndex:
@@ -86,7 +76,7 @@ class EvalIndex:
         value = record.value
         if field is not None:
             value = value.get(field) if isinstance(value, dict) else None
-        for text in _strings(value):
+        for text in strings_in(value):
             grams = ngrams(text, self.config.ngram)
             if not grams:
                 self.skipped += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 KNOWLEDGE = "knowledge"
@@ -141,6 +141,18 @@ class Rejection:
     def of(cls, record: Record, reason: str, message: str) -> Rejection:
         return cls(record.source, record.position, reason, message, raw_text(record),
                    record.input_index)
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string inside nested dict values, lists and tuples, in order."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from strings_in(item)
 
 
 def raw_text(record: Record, cap: int = RAW_CAP_BYTES) -> str:
