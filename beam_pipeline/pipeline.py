@@ -132,7 +132,9 @@ class PreparePhase(beam.PTransform):
 
 def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) -> str:
     """OUTPUT/phases.json, written once every phase is complete: the order to train in."""
-    assert len(manifests) == len(phases), "a phase did not complete"
+    if len(manifests) != len(phases):
+        raise RuntimeError(f"{len(manifests)} of {len(phases)} phases wrote a manifest; "
+                           f"{PHASES_NAME} is not written")
     path = FileSystems.join(output, PHASES_NAME)
     listing = [{"phase": i + 1, "name": phase.name, "directory": phase.config.output,
                 "manifest": FileSystems.join(phase.config.output, MANIFEST_NAME)}

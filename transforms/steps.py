@@ -113,7 +113,7 @@ class ChunkStep(beam.DoFn):
         self._stats[self._prefix + name] += value
 
     def sample(self, name: str, sample: dict) -> None:
-        """Keeps an example for the manifest, which lists the first few by ``sort_key``."""
+        """Keeps an example for the manifest, which lists the first few by (source, position)."""
         self._samples[name].append(sample)
 
     def distribution(self, name: str, values: Iterable[int]) -> None:
