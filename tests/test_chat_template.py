@@ -640,13 +640,27 @@ def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
     stripped.add_special_tokens({"additional_special_tokens": [
         AddedToken("<strip>", lstrip=True, special=True)]})
     assert chat_template._backend_tools(stripped.backend_tokenizer).pieces is None
-    flagged = copy.deepcopy(qwen_tokenizer)
-    flagged.backend_tokenizer.encode_special_tokens = True  # control tokens would be text
-    assert chat_template._backend_tools(flagged.backend_tokenizer).pieces is None
     conversation = Conversation((user("a <custom> b"), assistant("c <custom> d")))
     (result,) = encode_conversations(tok, [conversation], DEFAULT)
     assert result.input_ids.tolist() == tok.apply_chat_template(
         list(conversation.messages), tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_settings_that_transformers_leaves_on_the_backend_change_nothing(qwen_tokenizer):
+    """transformers leaves ``split_special_tokens`` and truncation on the shared backend after a
+    call that asks for them; the examples encoded afterwards are the same."""
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok.backend_tokenizer.encode_special_tokens = False
+    tok.backend_tokenizer.no_truncation()
+    conversations = [*fast_corpus(), hostile("chatml")]
+    before = encode_conversations(tok, conversations, DEFAULT)
+    tok(["<|im_start|>x"], split_special_tokens=True, truncation=True, max_length=3)
+    assert tok.backend_tokenizer.encode_special_tokens
+    assert tok.backend_tokenizer.truncation is not None
+    after = encode_conversations(tok, conversations, DEFAULT)
+    assert_same_results(before, after)
+    assert after[0].input_ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
 
 
 def test_the_shared_tokenizer_is_only_read(toks):

@@ -8,6 +8,7 @@ readers, the normaliser, the quality rules (each tested on its own), the copies'
 and the tokenizer's own batch call.
 """
 
+import copy
 import json
 
 import apache_beam as beam
@@ -214,6 +215,21 @@ def test_encoder_keeps_literal_control_tokens_as_text(qwen_tokenizer):
     assert qwen_tokenizer.decode(ids) == text
     # Its own backend: the shared tokenizer serves the instruction branch, which parses them.
     assert encoder.backend is not qwen_tokenizer.backend_tokenizer
+
+
+def test_encoder_ignores_truncation_that_transformers_left_on_the_tokenizer(qwen_tokenizer):
+    """A call with ``truncation=True`` leaves it set on the backend; the backend is then not
+    proven for tiktoken, and the private copy that encodes instead truncates nothing."""
+    texts = [f"A page that shows {ENDOFTEXT} twice: {ENDOFTEXT}", "秦川雄帝宅 " * 50]
+    expected = raw_text_encoder(DEFAULT_TOKENIZER).encode(texts)
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok(["x"], truncation=True, max_length=3, split_special_tokens=False)
+    assert tok.backend_tokenizer.truncation is not None
+    encoder = RawTextEncoder(tok)
+    assert encoder.fast is None
+    found = encoder.encode(texts)
+    assert [a.tolist() for a in found] == [a.tolist() for a in expected]
+    assert len(found[1]) > 50
 
 
 def test_encoder_follows_the_tokenizers_bos_and_never_doubles_its_end_of_text():

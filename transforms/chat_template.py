@@ -88,6 +88,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 from transforms.adapters import Conversation
 from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder
 from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG, strings_in
+from transforms.tokenizer import private_backend
 
 if TYPE_CHECKING:
     import jinja2
@@ -209,8 +210,8 @@ class _Encoder:
 
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
                  system_prompt: str | None) -> None:
-        self.backend: Tokenizer = tok.backend_tokenizer
-        self.tools = _backend_tools(self.backend)
+        self.tools = _backend_tools(tok.backend_tokenizer)
+        self.backend = self.tools.control_backend
         self.options = options
         self.system_prompt = system_prompt
         sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
@@ -404,8 +405,7 @@ class _Encoder:
 
     def _encode_piece(self, piece: str, as_text: bool, first: bool
                       ) -> tuple[list[int], list[tuple[int, int]]]:
-        # Control-token text as plain text: a private copy of the backend with
-        # ``encode_special_tokens`` set, so the shared tokenizer is never switched.
+        # Control-token text as plain text: the private copy with ``encode_special_tokens`` set.
         backend = self.tools.text_backend if as_text else self.backend
         if not first:
             newline = backend.encode("\n", add_special_tokens=False).ids
@@ -525,8 +525,6 @@ class _PieceEncoder:
 
 def _piece_encoder(backend: Tokenizer) -> _PieceEncoder | None:
     """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None."""
-    if backend.encode_special_tokens:
-        return None  # added tokens are text to the backend then, not places to cut
     post = backend.post_processor
     if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
         return None  # trimmed offsets are not the tokens' bytes
@@ -539,22 +537,29 @@ def _piece_encoder(backend: Tokenizer) -> _PieceEncoder | None:
 
 
 class _BackendTools:
-    """What encoding derives from one backend, made once per process and backend."""
+    """What encoding derives from one backend, made once per process and backend.
+
+    Encoding never uses the shared backend itself, whose settings other callers change
+    (``private_backend``), but two private copies.
+    """
 
     def __init__(self, backend: Tokenizer, signature: tuple) -> None:
         self.backend = backend
         self.signature = signature
 
     @functools.cached_property
-    def pieces(self) -> _PieceEncoder | None:
-        return _piece_encoder(self.backend)
+    def control_backend(self) -> Tokenizer:
+        """A private copy that encodes added-token text as the added tokens."""
+        return private_backend(self.backend, encode_special_tokens=False)
 
     @functools.cached_property
     def text_backend(self) -> Tokenizer:
         """A private copy that encodes added-token text as plain text."""
-        backend = Tokenizer.from_str(self.backend.to_str())
-        backend.encode_special_tokens = True
-        return backend
+        return private_backend(self.backend, encode_special_tokens=True)
+
+    @functools.cached_property
+    def pieces(self) -> _PieceEncoder | None:
+        return _piece_encoder(self.control_backend)
 
 
 _TOOLS: dict[int, _BackendTools] = {}
@@ -562,10 +567,9 @@ _TOOLS_LOCK = threading.Lock()
 
 
 def _backend_tools(backend: Tokenizer) -> _BackendTools:
-    """The backend's ``_BackendTools``, made again if its added tokens or flag changed."""
-    signature = (backend.encode_special_tokens, tuple(
-        (i, t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
-        for i, t in sorted(backend.get_added_tokens_decoder().items())))
+    """The backend's ``_BackendTools``, made again if its added tokens changed."""
+    signature = tuple((i, t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
+                      for i, t in sorted(backend.get_added_tokens_decoder().items()))
     with _TOOLS_LOCK:
         tools = _TOOLS.get(id(backend))
         if tools is None or tools.backend is not backend or tools.signature != signature:

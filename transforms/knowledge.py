@@ -81,7 +81,7 @@ from transforms.steps import (
     apply_step,
     output_kind,
 )
-from transforms.tokenizer import end_of_text_id, load_tokenizer
+from transforms.tokenizer import end_of_text_id, load_tokenizer, private_backend
 
 PRETRAIN = "pretrain"
 FILTERED = "filtered"
@@ -393,9 +393,7 @@ class RawTextEncoder:
 
     @functools.cached_property
     def backend(self) -> Tokenizer:
-        backend = Tokenizer.from_str(self.shared_backend.to_str())
-        backend.encode_special_tokens = True
-        return backend
+        return private_backend(self.shared_backend, encode_special_tokens=True)
 
     def _encode_with_backend(self, text: str) -> list[int]:
         return self.backend.encode_batch_fast([text], add_special_tokens=True)[0].ids

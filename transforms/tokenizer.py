@@ -336,6 +336,17 @@ def end_of_text_id(tok: PreTrainedTokenizerFast) -> int:
     return tok.eos_token_id
 
 
+def private_backend(backend: Tokenizer, *, encode_special_tokens: bool) -> Tokenizer:
+    """A copy of ``backend`` with fixed settings, for encoding that a shared tokenizer cannot
+    change: transformers sets ``encode_special_tokens`` (``split_special_tokens``), truncation
+    and padding on the backend for any call that asks, and leaves them set."""
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    copy.encode_special_tokens = encode_special_tokens
+    return copy
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
