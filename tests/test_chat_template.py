@@ -618,7 +618,7 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
     fast = encode_conversations(tok, conversations, options, max_tokens=512, overflow="truncate")
     with monkeypatch.context() as m:  # the backend with offsets, as before the tiktoken path
         m.setattr(chat_template, "_TOOLS", {})
-        m.setattr(chat_template, "_piece_encoder", lambda backend: None)
+        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
         slow = encode_conversations(tok, conversations, options, max_tokens=512,
                                     overflow="truncate")
     assert_same_results(fast, slow)

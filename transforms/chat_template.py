@@ -74,7 +74,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -211,7 +211,6 @@ class _Encoder:
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
                  system_prompt: str | None) -> None:
         self.tools = _backend_tools(tok.backend_tokenizer)
-        self.backend = self.tools.control_backend
         self.options = options
         self.system_prompt = system_prompt
         sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
@@ -249,8 +248,9 @@ class _Encoder:
                     found[k] = tokens
             slow = [k for k in plain if found[k] is None]
             if slow:
-                encodings = self.backend.encode_batch([rendered[k].text for k in slow],
-                                                      add_special_tokens=False)
+                backend = self.tools.control_backend
+                encodings = backend.encode_batch([rendered[k].text for k in slow],
+                                                 add_special_tokens=False)
                 for k, encoding in zip(slow, encodings, strict=True):
                     found[k] = encoding
             examples = iter([self._example(r, t) for r, t in zip(rendered, found, strict=True)])
@@ -406,7 +406,7 @@ class _Encoder:
     def _encode_piece(self, piece: str, as_text: bool, first: bool
                       ) -> tuple[list[int], list[tuple[int, int]]]:
         # Control-token text as plain text: the private copy with ``encode_special_tokens`` set.
-        backend = self.tools.text_backend if as_text else self.backend
+        backend = self.tools.text_backend if as_text else self.tools.control_backend
         if not first:
             newline = backend.encode("\n", add_special_tokens=False).ids
             encoding = backend.encode("\n" + piece, add_special_tokens=False)
@@ -523,16 +523,19 @@ class _PieceEncoder:
                 for parts, a, b, start in zip(layouts, bounds, bounds[1:], starts, strict=False)]
 
 
-def _piece_encoder(backend: Tokenizer) -> _PieceEncoder | None:
-    """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None."""
+def _piece_encoder(backend: Tokenizer, fallback: Callable[[str], list[int]]
+                   ) -> _PieceEncoder | None:
+    """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None.
+
+    ``fallback`` encodes one text as the backend does without ``encode_special_tokens``.
+    """
     post = backend.post_processor
     if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
         return None  # trimmed offsets are not the tokens' bytes
     if any(t.lstrip or t.rstrip or t.single_word or t.normalized
            for t in backend.get_added_tokens_decoder().values()):
         return None  # matched around or after normalisation: not a plain split of the text
-    fast = fast_raw_encoder(backend, lambda text: backend.encode(text,
-                                                                 add_special_tokens=False).ids)
+    fast = fast_raw_encoder(backend, fallback)
     return None if fast is None else _PieceEncoder(backend, fast)
 
 
@@ -540,7 +543,8 @@ class _BackendTools:
     """What encoding derives from one backend, made once per process and backend.
 
     Encoding never uses the shared backend itself, whose settings other callers change
-    (``private_backend``), but two private copies.
+    (``private_backend``), but tiktoken where it is proven and otherwise two private copies,
+    made when first needed.
     """
 
     def __init__(self, backend: Tokenizer, signature: tuple) -> None:
@@ -559,7 +563,8 @@ class _BackendTools:
 
     @functools.cached_property
     def pieces(self) -> _PieceEncoder | None:
-        return _piece_encoder(self.control_backend)
+        return _piece_encoder(self.backend, lambda text: self.control_backend.encode(
+            text, add_special_tokens=False).ids)
 
 
 _TOOLS: dict[int, _BackendTools] = {}

@@ -34,13 +34,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from transforms.tokenizer import QWEN2_PATTERN
+
+if TYPE_CHECKING:
+    import tiktoken
 
 # sha256 of ``backend.model.__getstate__()`` of the offline default (tokenizers 0.23): the BPE
 # vocabulary, merges and options. A different build (another converter, another ranks file)
@@ -107,6 +112,26 @@ def _ranks(backend: Tokenizer) -> dict[bytes, int]:
     return {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
 
 
+_ENCODING: list = []  # the one tiktoken.Encoding of the proven model, once built
+_ENCODING_LOCK = threading.Lock()
+
+
+def _qwen2_encoding(backend: Tokenizer) -> tiktoken.Encoding:
+    """tiktoken's encoding of the proven model's ranks, built once per process.
+
+    Only called for a backend whose BPE model is proven to serialise to ``QWEN2_BPE_SHA256``:
+    the ranks of every such backend are the same, so the first one's serve them all.
+    """
+    import tiktoken
+
+    with _ENCODING_LOCK:
+        if not _ENCODING:
+            _ENCODING.append(tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
+                                               mergeable_ranks=_ranks(backend),
+                                               special_tokens={}))
+        return _ENCODING[0]
+
+
 def _threads() -> int:
     """Like the backend's batch calls: all cores unless ``TOKENIZERS_PARALLELISM`` is off."""
     setting = os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower()
@@ -121,12 +146,9 @@ class TiktokenEncoder:
     """
 
     def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]]):
-        import tiktoken
-
         self.normalizer = backend.normalizer
         self.fallback = fallback
-        self.encoding = tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
-                                          mergeable_ranks=_ranks(backend), special_tokens={})
+        self.encoding = _qwen2_encoding(backend)
         threads = _threads()
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
 

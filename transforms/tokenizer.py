@@ -169,13 +169,17 @@ def _build_qwen2_into(directory: str) -> None:
     for token, expected in QWEN2_SPECIAL_TOKENS.items():
         if backend.token_to_id(token) != expected:
             raise ValueError(f"{token} got id {backend.token_to_id(token)}, expected {expected}")
-    _qwen2_tokenizer(backend, CHATML_TEMPLATE).save_pretrained(directory)
+    _qwen2_tokenizer(CHATML_TEMPLATE, tokenizer_object=backend).save_pretrained(directory)
 
 
-def _qwen2_tokenizer(backend: Tokenizer, chat_template: str) -> PreTrainedTokenizerFast:
-    """The default's wrapper: what the build saves and what loading it gives back."""
+def _qwen2_tokenizer(chat_template: str, **backend: Tokenizer | str) -> PreTrainedTokenizerFast:
+    """The default's wrapper: what the build saves and what loading it gives back.
+
+    ``backend`` is ``tokenizer_object=`` (copied by transformers) or ``tokenizer_file=`` (parsed
+    once, no copy: about 0.6 s less in every process that loads it).
+    """
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+        **backend,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         clean_up_tokenization_spaces=False,
@@ -188,10 +192,9 @@ def _load_default(directory: str) -> PreTrainedTokenizerFast:
 
     ``tests/test_tokenizer.py`` checks it equals ``AutoTokenizer.from_pretrained(directory)``.
     """
-    backend = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "chat_template.jinja"), encoding="utf-8") as f:
         template = f.read()
-    return _qwen2_tokenizer(backend, template)
+    return _qwen2_tokenizer(template, tokenizer_file=os.path.join(directory, "tokenizer.json"))
 
 
 def _materialise(target: str, populate: Callable[[str], None]) -> str:
