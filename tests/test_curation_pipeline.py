@@ -3,6 +3,7 @@ data: shares reached, phases apart, validation stable and disjoint, planted test
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -140,6 +141,15 @@ def test_phases_land_in_their_own_directories(tmp_path, qwen_tokenizer):
                          for r in rows(tmp_path / "basic", "sft"))
     assert "Janet\u2019s ducks" not in basic_text
     assert "Describe a process of making crepes." in basic_text
+    # A later run into the same directory, without phases, replaces the phases' outputs too.
+    again = [f"--input={D}/instruction/alpaca_en_demo.json", f"--output={tmp_path}"]
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path}/basic/manifest.json")):
+        run(again)
+    run([*again, "--overwrite=true"])
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[-2:-1] != ("sft",)
+                and p.name != "manifest.json"]
+    assert not [p for p in (tmp_path / "basic").rglob("*") if p.is_file()]
+    assert not [p for p in (tmp_path / "reasoning").rglob("*") if p.is_file()]
 
 
 def test_inputs_must_all_name_a_phase_once_one_does(tmp_path):

@@ -87,6 +87,31 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
 
 
+def test_an_earlier_runs_phases_count_as_its_outputs(tmp_path):
+    """Only the phases ``phases.json`` names, and only under the output directory."""
+    outside = tmp_path / "outside"
+    (outside / "sft").mkdir(parents=True)
+    (outside / "sft" / "part-00000-of-00001.parquet").write_bytes(b"not ours")
+    out = tmp_path / "out"
+    for phase in ("basic", "other"):
+        (out / phase / "sft").mkdir(parents=True)
+        (out / phase / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
+        (out / phase / "manifest.json").write_text("{}")
+    (out / "basic" / "notes.txt").write_text("keep me")
+    listing = [{"name": "basic"}, {"name": "../outside"}]
+    (out / "phases.json").write_text(json.dumps({"phases": listing}))
+    with pytest.raises(ValueError, match=r"basic/manifest\.json"):
+        prepare_output_dir(str(out), overwrite=False)
+    prepare_output_dir(str(out), overwrite=True)
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["out/basic/notes.txt", "out/other/manifest.json",
+                     "out/other/sft/part-00000-of-00001.parquet",
+                     "outside/sft/part-00000-of-00001.parquet"]
+    (out / "phases.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a phases listing"):
+        prepare_output_dir(str(out), overwrite=True)
+
+
 def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
     staging = str(tmp_path / "staging")
     stage = StagePart(staging)

@@ -25,7 +25,6 @@ import itertools
 import json
 import lzma
 import posixpath
-import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
@@ -41,6 +40,7 @@ from transforms.records import (
     CANONICAL_FIELDS,
     FORMATS,
     INVALID_UTF8,
+    LABEL,
     MALFORMED_CSV,
     MALFORMED_JSON,
     NOT_AN_OBJECT,
@@ -62,7 +62,6 @@ DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 
 _SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase")
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # names and phases: counters and directories
 _FORMAT_BY_EXTENSION = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -129,7 +128,7 @@ def parse_input_spec(index: int, value: str) -> InputSpec:
     if settings.get("format", "text") != "text" and "text_unit" in settings:
         raise ValueError(f"--input {value!r}: text_unit applies only to format=text")
     for key in ("name", "phase"):
-        if key in settings and not _LABEL.fullmatch(settings[key]):
+        if key in settings and not LABEL.fullmatch(settings[key]):
             raise ValueError(f"--input {value!r}: {key}={settings[key]!r} must be letters, "
                              "digits, '_' and '-', starting with a letter or digit")
     weight = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,6 +42,10 @@ TOO_LONG = "too_long"
 TEMPLATE_ERROR = "template_error"
 
 RAW_CAP_BYTES = 4096  # how much of a rejected record's raw text is kept in rejected/
+
+
+# Source names and phase names: they become counter names and directory names.
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 @dataclasses.dataclass(frozen=True)

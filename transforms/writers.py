@@ -35,6 +35,7 @@ from transforms.manifest import (
     check_rows_written,
     write_manifest,
 )
+from transforms.records import LABEL
 from transforms.steps import Part
 
 LOG = logging.getLogger("beam_pipeline")
@@ -222,11 +223,36 @@ def _files_under(path: str) -> list[str]:
     return [m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list]
 
 
+def _earlier_phase_dirs(output_dir: str) -> list[str]:
+    """The phase directories that an earlier run's ``phases.json`` lists under ``output_dir``.
+
+    Only names a phase may have are taken, joined to ``output_dir``: the listing cannot point an
+    overwrite anywhere else.
+    """
+    path = FileSystems.join(output_dir, PHASES_NAME)
+    if not FileSystems.exists(path):
+        return []
+    try:
+        with FileSystems.open(path) as handle:
+            listing = json.loads(handle.read())["phases"]
+        names = [entry["name"] for entry in listing]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a phases listing ({error}); remove it, or the output "
+                         "directory, by hand") from error
+    return [FileSystems.join(output_dir, name) for name in names
+            if isinstance(name, str) and LABEL.fullmatch(name)]
+
+
 def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
-    """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``."""
+    """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``.
+
+    An earlier run with curriculum phases counts with its phases' directories, so that a run
+    with other phases (or none) leaves no stale phase beside its own outputs.
+    """
     names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME)
-    owned = {path: _stored_paths(path) for path in
-             (FileSystems.join(output_dir, name) for name in names)}
+    owned = {path: _stored_paths(path) for directory in
+             (output_dir, *_earlier_phase_dirs(output_dir))
+             for path in (FileSystems.join(directory, name) for name in names)}
     existing = [path for path, stored in owned.items() if stored]
     if not existing:
         return
