@@ -84,7 +84,7 @@ def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
 
 
 def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
-                shards: Sequence[ShardSpec], tokenizer: dict) -> beam.PCollection:
+                shards: Sequence[ShardSpec], facts: dict) -> beam.PCollection:
     """Read -> classify -> the two branches -> sharded files and manifest.json (whose path is
     the returned PCollection's one element)."""
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
@@ -110,7 +110,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
              | "SumStats" >> beam.CombineGlobally(sum_counters))
     return (staged | "AllStaged" >> beam.Flatten(), stats) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
-        {"config": cfg.as_dict(), "tokenizer": tokenizer})
+        {"config": cfg.as_dict(), **facts})
 
 
 def _step_label(pcoll: beam.PCollection) -> str:
@@ -121,13 +121,13 @@ def _step_label(pcoll: beam.PCollection) -> str:
 class PreparePhase(beam.PTransform):
     """One curriculum phase's whole graph, under its own label and output directory."""
 
-    def __init__(self, phase: Phase, tokenizer: dict):
+    def __init__(self, phase: Phase, facts: dict):
         super().__init__()
         self.phase = phase
-        self.tokenizer = tokenizer
+        self.facts = facts
 
     def expand(self, pbegin):
-        return build_graph(pbegin, self.phase.config, self.phase.shards, self.tokenizer)
+        return build_graph(pbegin, self.phase.config, self.phase.shards, self.facts)
 
 
 def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) -> str:
@@ -178,7 +178,7 @@ class Plan:
     options: PipelineOptions
     config: PrepConfig
     phases: list[Phase]
-    tokenizer: dict
+    facts: dict  # for the manifest: the tokenizer's identity, the evaluation sets' counts
 
     @property
     def runner(self) -> str:
@@ -220,15 +220,16 @@ def prepare(argv: Sequence[str]) -> Plan:
     options = PipelineOptions(argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
-    tokenizer = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template))
+    facts = {"tokenizer": tokenizer_identity(
+        load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template))}
     phases = plan_phases(cfg)
-    if cfg.curation.decontam is not None:
-        eval_index(cfg.curation.decontam)  # evaluation files that cannot be read fail here
+    if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
+        facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
     prepare_output_dir(cfg.output, cfg.overwrite)
     for phase in phases:
         if phase.name is not None:
             prepare_output_dir(phase.config.output, cfg.overwrite)
-    return Plan(options, cfg, phases, tokenizer)
+    return Plan(options, cfg, phases, facts)
 
 
 def run(argv: Sequence[str]) -> PrepConfig:
@@ -242,9 +243,9 @@ def execute(plan: Plan) -> PrepConfig:
              len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
     pipeline = beam.Pipeline(options=plan.options)
     if plan.phases[0].name is None:
-        build_graph(pipeline, cfg, plan.phases[0].shards, plan.tokenizer)
+        build_graph(pipeline, cfg, plan.phases[0].shards, plan.facts)
     else:
-        manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.tokenizer)
+        manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.facts)
                      for phase in plan.phases]
         _ = (manifests
              | "AllPhases" >> beam.Flatten()

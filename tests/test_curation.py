@@ -3,14 +3,17 @@ arithmetic, the split's hashing and the n-gram matcher. End-to-end runs are in
 test_curation_pipeline.py."""
 
 import argparse
+import json
 
 import numpy as np
 import pytest
 
 from tests.conftest import SHARED_DATA
+from tests.test_manifest import CONFIG
 from transforms.curation import fraction_or_count, mix_config
 from transforms.decontam import DecontamConfig, EvalIndex, ngrams
 from transforms.knowledge import TokenizedChunk
+from transforms.manifest import build_manifest, summary_lines
 from transforms.mixing import BUCKETS, MixConfig, plan_mix
 from transforms.readers import parse_input_spec
 from transforms.splits import HASH_SPACE, SplitValidation
@@ -133,6 +136,27 @@ def gsm8k_index(**kwargs) -> EvalIndex:
 def test_ngrams_are_lower_cased_words():
     assert ngrams("The cat, the HAT!", 2) == {"the cat", "cat the", "the hat"}
     assert ngrams("too short", 3) == set()
+
+
+def test_short_evaluation_texts_are_counted_per_set(tmp_path):
+    """Texts with fewer words than the n-gram size cannot be matched; each set says how many."""
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(json.dumps({"q": q}) for q in [
+        "Yes", "What is two plus two?", "one two three four five six seven eight",
+        "Name the largest planet of the solar system, please, in one word."]) + "\n")
+    specs = (parse_input_spec(0, f"{short}#text=q"),
+             parse_input_spec(1, f"{SHARED_DATA}/math/gsm8k_test.jsonl#text=question"))
+    index = EvalIndex(DecontamConfig(specs, ngram=8))
+    assert index.counts() == {str(short): {"indexed": 2, "too_short": 2},
+                              f"{SHARED_DATA}/math/gsm8k_test.jsonl": {"indexed": 1319,
+                                                                       "too_short": 0}}
+    config = {**CONFIG, "curation": {"decontam": {
+                  "eval_sets": [{"pattern": s.pattern} for s in specs],
+                  "ngram": 8, "threshold": 0.5}}}
+    manifest = build_manifest({}, [], config, {}, index.counts())
+    assert manifest["decontamination"]["eval_texts"] == index.counts()
+    assert ("decontamination: 2 evaluation text(s) shorter than 8 words were not checked "
+            "(see eval_texts)") in summary_lines(manifest)
 
 
 def test_a_planted_test_question_matches_and_unrelated_text_does_not():

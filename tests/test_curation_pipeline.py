@@ -229,6 +229,8 @@ def test_planted_test_questions_are_removed_and_the_rest_stays(tmp_path):
         "knowledge": {f"{D}/math/gsm8k_test.jsonl": 8},
         "instruction": {f"{D}/math/gsm8k_test.jsonl": 12, f"{D}/code/humaneval.jsonl": 5}}
     assert manifest["records"]["filtered"] == {"contaminated": 25}
+    assert report["eval_texts"] == {f"{D}/math/gsm8k_test.jsonl": {"indexed": 1319, "too_short": 0},
+                                    f"{D}/code/humaneval.jsonl": {"indexed": 164, "too_short": 0}}
     assert manifest["records"]["instruction"] == 300 and manifest["knowledge"]["documents"] == 300
     assert {(r["source"], r["position"]) for r in jsonl(output, "filtered")} == expected
     assert len(report["examples"]) == 20  # the first, in (source, position) order

@@ -5,7 +5,8 @@ picks the field to check; by default every string in a record is checked separat
 training record that holds only a GSM8K question, without its answer, is still caught). Texts
 are compared as lower-cased word n-grams: a training record is contaminated when it contains at
 least ``threshold`` of the n-grams of some evaluation text. Evaluation texts shorter than ``n``
-words cannot be matched reliably and are skipped (and counted). Every worker builds the index
+words cannot be matched reliably and are skipped; the manifest counts them per evaluation set
+(``EvalIndex.counts``, found when the run is planned). Every worker builds the index
 once from the evaluation files; it is small (a benchmark's test split), so no shuffle is needed.
 """
 
@@ -63,7 +64,7 @@ class EvalIndex:
         self.config = config
         self.texts: list[EvalText] = []
         self.holders: dict[str, list[int]] = collections.defaultdict(list)
-        self.skipped = 0
+        self.too_short: collections.Counter = collections.Counter()  # per eval set
         for number, spec in enumerate(config.eval_sets):
             field = spec.field_map.get("text")
             for shard in plan_shards([spec]):
@@ -79,11 +80,17 @@ class EvalIndex:
         for text in strings_in(value):
             grams = ngrams(text, self.config.ngram)
             if not grams:
-                self.skipped += 1
+                self.too_short[eval_set] += 1
                 continue
             self.texts.append(EvalText(record.source, record.position, eval_set, len(grams)))
             for gram in grams:
                 self.holders[gram].append(len(self.texts) - 1)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per evaluation set (its pattern): texts indexed, and texts too short to match."""
+        indexed = collections.Counter(text.eval_set for text in self.texts)
+        return {spec.pattern: {"indexed": indexed[k], "too_short": self.too_short[k]}
+                for k, spec in enumerate(self.config.eval_sets)}
 
     def match(self, text: str) -> Match | None:
         """The evaluation text this text overlaps most, if at or above the threshold."""

@@ -48,8 +48,11 @@ def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
 
 
 def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: Mapping,
-                   tokenizer: Mapping) -> dict:
-    """Lays the counters out for people and tools; ``records.balanced`` is the accounting check."""
+                   tokenizer: Mapping, eval_texts: Mapping | None = None) -> dict:
+    """Lays the counters out for people and tools; ``records.balanced`` is the accounting check.
+
+    ``eval_texts`` is ``EvalIndex.counts()`` when the run decontaminates.
+    """
     rejected = _by_prefix(stats, "rejected.")
     filtered = _by_prefix(stats, "filtered.")
     knowledge = _by_prefix(stats, "knowledge.")
@@ -126,7 +129,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "truncated_tokens": instruction.get("truncated_tokens", 0),
             "pad_tokens": instruction.get("pad_tokens", 0),
         },
-        **_curation_sections(stats, validation, config, seq_len),
+        **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"]),
         "outputs": dict(outputs),
         "tokenizer": dict(tokenizer),
@@ -141,7 +144,7 @@ def _efficiency(tokens: int, packs: int, seq_len: int) -> float | None:
 
 
 def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Mapping,
-                       seq_len: int) -> dict:
+                       seq_len: int, eval_texts: Mapping) -> dict:
     """The validation split, mixing and decontamination sections, present when in use."""
     sections: dict = {}
     curation = config.get("curation") or {}
@@ -173,6 +176,8 @@ def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Ma
             "eval_sets": eval_sets,
             "ngram": decontam["ngram"],
             "threshold": decontam["threshold"],
+            # texts shorter than ``ngram`` words are not indexed: nothing is checked against them
+            "eval_texts": {pattern: dict(counts) for pattern, counts in eval_texts.items()},
             "removed": {branch: {eval_sets[int(k)]: n for k, n in _by_prefix(
                 removed, f"{branch}.").items()} for branch in ("knowledge", "instruction")},
             "examples": stats.get("samples", {}).get("decontamination", []),
@@ -336,4 +341,8 @@ def _curation_lines(manifest: Mapping) -> list[str]:
                      f"(knowledge {removed['knowledge']:,}, instruction "
                      f"{removed['instruction']:,}) against {len(decontam['eval_sets'])} "
                      "evaluation set(s)")
+        short = sum(counts["too_short"] for counts in decontam.get("eval_texts", {}).values())
+        if short:
+            lines.append(f"decontamination: {short:,} evaluation text(s) shorter than "
+                         f"{decontam['ngram']} words were not checked (see eval_texts)")
     return lines

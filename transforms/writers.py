@@ -297,7 +297,8 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     leftovers = _stored_paths(staging_dir)
     if leftovers:
         FileSystems.delete(leftovers)
-    manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"])
+    manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"],
+                              fields.get("eval_texts"))
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
     return write_manifest(output_dir, manifest)
