@@ -55,8 +55,6 @@ def ngrams(text: str, n: int) -> set[str]:
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-
-
 class EvalIndex:
     """The n-grams of every evaluation text, and which texts hold each."""
 

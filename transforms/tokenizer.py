@@ -343,11 +343,11 @@ def private_backend(backend: Tokenizer, *, encode_special_tokens: bool) -> Token
     """A copy of ``backend`` with fixed settings, for encoding that a shared tokenizer cannot
     change: transformers sets ``encode_special_tokens`` (``split_special_tokens``), truncation
     and padding on the backend for any call that asks, and leaves them set."""
-    copy = Tokenizer.from_str(backend.to_str())
-    copy.no_truncation()
-    copy.no_padding()
-    copy.encode_special_tokens = encode_special_tokens
-    return copy
+    private = Tokenizer.from_str(backend.to_str())
+    private.no_truncation()
+    private.no_padding()
+    private.encode_special_tokens = encode_special_tokens
+    return private
 
 
 def _sha256(text: str) -> str:
