@@ -72,8 +72,8 @@ def test_the_hash_family_is_fixed():
     signature = MinHasher(128).signature(shingles(TextStats(
         "The quick brown fox jumps over the lazy dog"), 5))
     assert signature.dtype == np.dtype("<u4")
-    assert signature[:4].tolist() == [500480791, 949833452, 743482907, 1008646212]
-    assert band_keys(signature, 16)[0].hex() == "22e13f43217f63e2"
+    assert signature[:4].tolist() == [385345362, 341896314, 217070635, 1163887794]
+    assert band_keys(signature, 16)[0].hex() == "c1032d152bdcc6ea"
 
 
 def test_exact_keys_hash_the_normalised_text():

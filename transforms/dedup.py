@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
-import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 
 import apache_beam as beam
 import numpy as np
@@ -113,35 +111,16 @@ def _stable_uint64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-_WORD_HASHES: dict[str, int] = {}  # words repeat across documents: hash each once
-_WORD_HASHES_MAX = 1 << 20  # then start over, so memory stays bounded
-
-
-def _word_hashes(words: Sequence[str]) -> np.ndarray:
-    """Stable 64-bit hashes of distinct words; case and apostrophe style do not count."""
-    found = list(map(_WORD_HASHES.get, words))
-    if None in found:
-        if len(_WORD_HASHES) > _WORD_HASHES_MAX:
-            _WORD_HASHES.clear()
-        # Only the new words go through Python; the scan for them stays in C.
-        for word in itertools.compress(words, map(operator.is_, found, itertools.repeat(None))):
-            folded = word.lower().replace("\u2019", "'")
-            _WORD_HASHES[word] = _stable_uint64(folded.encode("utf-8", "surrogatepass"))
-        found = list(map(_WORD_HASHES.__getitem__, words))
-    return np.array(found, dtype=np.uint64)
-
-
 def shingles(stats: TextStats, n: int) -> np.ndarray:
     """64-bit hashes of the word ``n``-grams of a document (one of all its words if fewer).
 
-    Words are the quality rules' words (``quality.split_words``: punctuation and spacing
-    ignored, each Han or kana character a word), folded and hashed with a stable hash so every
-    process agrees.
+    Words are the quality rules' words (``transforms.words``: punctuation and spacing ignored,
+    each Han or kana character a word) by their folded ids (case and apostrophe style do not
+    count), which every process computes alike.
     """
-    if not stats.words:
+    if not stats.word_count:
         return np.empty(0, dtype=np.uint64)
-    hashes = _word_hashes(list(stats.vocabulary))[stats.word_ids]
-    return ngram_hashes(hashes, min(n, len(stats.words)))
+    return ngram_hashes(stats.words.folded_ids, min(n, stats.word_count))
 
 
 class MinHasher:

@@ -8,13 +8,14 @@ per document and only when a rule asks for it. ``first_failure`` remembers its v
 process by a hash of the text: deduplication's first pass and the main pass judge the same
 normalised documents, so the second judgement is a lookup.
 
-Words and scripts. A word is a run of letters, marks, digits and underscores (apostrophes
-inside, as in "don't"); punctuation and symbols are not words. Han characters and kana are one
-word each, since Chinese and Japanese are written without spaces. Hangul is written with spaces
-and counted like Latin text. The mean-word-length rule measures Latin-like alphabets (Gopher
-tuned it on English, where a character is a letter); it is skipped for documents whose letters
-are mostly Han, kana or Hangul (a character is a syllable or a word) or from scripts written
-without spaces (Thai, Lao, Khmer, Myanmar, Tibetan). The other rules are script-neutral.
+Words and scripts. Words are ``transforms.words``': runs of letters, marks, digits and
+underscores (apostrophes inside, as in "don't"), each Han character or kana a word of its own;
+punctuation and symbols are not words. Each word has a 64-bit id (equal words, equal ids), so
+repeated n-grams are found without a string per word. Hangul is written with spaces and counted
+like Latin text. The mean-word-length rule measures Latin-like alphabets (Gopher tuned it on
+English, where a character is a letter); it is skipped for documents whose letters are mostly
+Han, kana or Hangul (a character is a syllable or a word) or from scripts written without spaces
+(Thai, Lao, Khmer, Myanmar, Tibetan). The other rules are script-neutral.
 
 Ratios over a handful of words or lines are noise, so the mean-word-length and symbol rules
 need 10 words and the line rules 3 lines; the top n-gram must occur 3 times (a phrase said
@@ -31,6 +32,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from transforms.words import IDEOGRAPHS, Words, find_words
+
 # Reason codes (filtered/ files and manifest.json).
 TOO_FEW_WORDS = "too_few_words"
 TOO_MANY_WORDS = "too_many_words"
@@ -44,30 +47,11 @@ DUPLICATE_PARAGRAPHS = "duplicate_paragraphs"
 TOP_NGRAM = "repeated_top_ngram"
 DUPLICATE_NGRAMS = "duplicate_ngrams"
 
-# Kana and Han: one word per character.
-_IDEOGRAPHS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
-_IDEOGRAPH = re.compile(f"[{_IDEOGRAPHS}]")
 # Scripts where the mean word length in characters says nothing about quality (see above):
 # kana and Han, Hangul, and Thai, Lao, Tibetan, Myanmar and Khmer.
 _SYLLABIC_OR_UNSPACED = re.compile(
-    f"[{_IDEOGRAPHS}\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7ff"
+    f"[{IDEOGRAPHS}\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7ff"
     "\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff]+")
-# Words: runs of word characters (``\w``: letters, digits, underscore) and of the combining
-# marks that scripts write inside words (Indic and Southeast Asian vowel signs, Arabic and
-# Hebrew points, combining accents), which ``\w`` alone would split "हिन्दी" at; apostrophes
-# inside ("don't"). Plain ``re`` character classes: faster than Unicode-property regexes.
-_MARKS = ("\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670"
-          "\u06d6-\u06ed\u0900-\u0dff\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff"
-          "\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f")
-_APOSTROPHE = "['\u2019]"
-_SPACED_CHAR = f"[\\w{_MARKS}]"
-_SPACED_WORD = re.compile(f"{_SPACED_CHAR}+(?:{_APOSTROPHE}{_SPACED_CHAR}+)*")
-_NON_IDEOGRAPH_CHAR = f"(?:[^\\W{_IDEOGRAPHS}]|[{_MARKS}])"
-_ANY_WORD = re.compile(
-    f"[{_IDEOGRAPHS}]|{_NON_IDEOGRAPH_CHAR}+(?:{_APOSTROPHE}{_NON_IDEOGRAPH_CHAR}+)*")
-_NOT_LETTERS = re.compile(r"[\d_]+")  # the word characters that are not letters or marks
-_ASCII_NOT_LETTERS = "0123456789_"
-_OTHER_DIGIT = re.compile(r"[^\D0-9]")  # decimal digits other than 0-9 (Arabic-Indic, ...)
 _COMMON_SPACES = (" ", "\n", "\t", "\u00a0", "\u3000")  # what normalised text has left
 _ELLIPSES = ("...", "…")
 # Characters that start a bulleted line; "-" and "*" only when a space follows (not "--" or
@@ -134,29 +118,25 @@ class TextStats:
         return text_hash(self.text)
 
     @functools.cached_property
-    def words(self) -> list[str]:
-        return split_words(self.text)
+    def words(self) -> Words:
+        return find_words(self.text)
 
-    @functools.cached_property
+    @property
+    def word_count(self) -> int:
+        return len(self.words)
+
+    @property
     def word_lengths(self) -> np.ndarray:
-        return np.fromiter(map(len, self.words), dtype=np.int64, count=len(self.words))
+        return self.words.lengths
 
     @functools.cached_property
     def word_chars(self) -> int:
         return int(self.word_lengths.sum())
 
-    @functools.cached_property
+    @property
     def letters(self) -> int:
-        """Letters and marks: word characters that are not digits or underscores.
-
-        Digits and underscores are word characters wherever they stand, so they are counted
-        in the whole text: ``str.count`` for 0-9 and ``_``, a scan only for other digits.
-        """
-        text = self.text
-        other = 0
-        if not text.isascii() and _OTHER_DIGIT.search(text):
-            other = len(_OTHER_DIGIT.findall(text))
-        return self.word_chars - sum(map(text.count, _ASCII_NOT_LETTERS)) - other
+        """Letters and marks: word characters that are not digits or underscores."""
+        return self.word_chars - self.words.not_letters
 
     @functools.cached_property
     def lines(self) -> list[str]:
@@ -166,27 +146,15 @@ class TextStats:
     def paragraphs(self) -> list[str]:
         return [p.strip() for p in self.text.split("\n\n") if p.strip()]
 
-    @functools.cached_property
-    def _indexed(self) -> tuple[dict[str, int], np.ndarray]:
-        vocabulary: dict[str, int] = {}
-        add = vocabulary.setdefault
-        ids = [add(word, len(vocabulary)) for word in self.words]  # one pass, no lookups
-        return vocabulary, np.array(ids, dtype=np.int64)
-
-    @property
-    def vocabulary(self) -> dict[str, int]:
-        """The distinct words, each with its id: the order of first occurrence."""
-        return self._indexed[0]
-
     @property
     def word_ids(self) -> np.ndarray:
-        """Each word's vocabulary id: equal words, equal ids."""
-        return self._indexed[1]
+        """Each word's id: equal words, equal ids."""
+        return self.words.ids
 
     @functools.cached_property
     def _word_ends(self) -> np.ndarray:
         """Word characters before each word boundary: 0, then the running sum."""
-        ends = np.zeros(len(self.words) + 1, dtype=np.int64)
+        ends = np.zeros(self.word_count + 1, dtype=np.int64)
         np.cumsum(self.word_lengths, out=ends[1:])
         return ends
 
@@ -199,23 +167,13 @@ class TextStats:
         """One uint64 per n-gram of consecutive words (position i covers words i..i+n-1), as
         ``ngram_hashes`` computes them; each n is built from n - 1 in one step."""
         if n not in self._ngrams:
-            if n == 1 or not len(self.words):
-                self._ngrams[n] = ngram_hashes(self.word_ids.astype(np.uint64), n)
+            if n == 1 or not self.word_count:
+                self._ngrams[n] = ngram_hashes(self.word_ids, n)
             else:
                 shorter = self.ngram_ids(n - 1)[:-1]
                 self._ngrams[n] = (shorter * _NGRAM_MULTIPLIER
                                    + self.word_ids[n - 1:].astype(np.uint64))
         return self._ngrams[n]
-
-
-def split_words(text: str) -> list[str]:
-    """The words of ``text`` as the rules count them (see the module docstring).
-
-    >>> split_words("Don't stop: 床前明月光, 좋은 아침!")
-    ["Don't", 'stop', '床', '前', '明', '月', '光', '좋은', '아침']
-    """
-    # Most text has no ideographs; the pattern that splits them off costs more.
-    return (_ANY_WORD if _IDEOGRAPH.search(text) else _SPACED_WORD).findall(text)
 
 
 def ngram_hashes(word_hashes: np.ndarray, n: int) -> np.ndarray:
@@ -247,7 +205,7 @@ def _above(value: float, maximum: float) -> bool:
 
 def word_count(stats: TextStats, config: QualityConfig) -> str | None:
     """Too short to teach anything, or so long it is probably a dump, not a document."""
-    n = len(stats.words)
+    n = stats.word_count
     if n < config.min_words:
         return TOO_FEW_WORDS
     return TOO_MANY_WORDS if _above(n, config.max_words) else None
@@ -255,9 +213,9 @@ def word_count(stats: TextStats, config: QualityConfig) -> str | None:
 
 def mean_word_length(stats: TextStats, config: QualityConfig) -> str | None:
     """Very short words mean fragments or tables; very long ones, URLs, hashes or base64."""
-    if len(stats.words) < RATIO_MIN_WORDS:
+    if stats.word_count < RATIO_MIN_WORDS:
         return None
-    mean = stats.word_chars / len(stats.words)
+    mean = stats.word_chars / stats.word_count
     if mean < config.min_mean_word_length or _above(mean, config.max_mean_word_length):
         return None if _mostly_syllabic_or_unspaced(stats) else MEAN_WORD_LENGTH
     return None
@@ -269,10 +227,10 @@ def _mostly_syllabic_or_unspaced(stats: TextStats) -> bool:
 
 def symbol_ratio(stats: TextStats, config: QualityConfig) -> str | None:
     """Hash signs and ellipses per word: hashtag spam and truncated teasers."""
-    if len(stats.words) < RATIO_MIN_WORDS:
+    if stats.word_count < RATIO_MIN_WORDS:
         return None
     symbols = stats.text.count("#") + sum(stats.text.count(e) for e in _ELLIPSES)
-    return SYMBOL_RATIO if _above(_share(symbols, len(stats.words)), config.max_symbol_word_ratio) \
+    return SYMBOL_RATIO if _above(_share(symbols, stats.word_count), config.max_symbol_word_ratio) \
         else None
 
 
