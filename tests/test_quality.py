@@ -181,16 +181,17 @@ def test_messages_name_the_thresholds():
 
 
 def _exact_top_ngram(stats, config):
-    """``top_ngram`` without its bound: the most frequent n-gram found by sorting, every n."""
+    """``top_ngram`` without its bound or its sort: n-grams counted in a dict, every n."""
     for n, maximum in sorted(config.max_top_ngram):
         ids = stats.ngram_ids(n)
         if not len(ids):
             break
-        value, count = quality._most_frequent(ids)
+        counts = collections.Counter(ids.tolist())
+        count = max(counts.values())
         if count < quality.TOP_NGRAM_MIN_COUNT:
             break
-        first = int((ids == value).argmax())
-        chars = int(stats.word_lengths[first:first + n].sum()) * count
+        first = next(i for i, value in enumerate(ids.tolist()) if counts[value] == count)
+        chars = count * int(stats.word_lengths[first:first + n].sum())
         if quality._above(quality._share(chars, stats.word_chars), maximum):
             return quality.TOP_NGRAM
     return None

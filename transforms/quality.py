@@ -303,12 +303,10 @@ def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
             break
         if not _above(_share(bound * stats.max_window_chars(n), stats.word_chars), maximum):
             continue
-        value, count = _most_frequent(ids)
+        count, chars = most_frequent_ngram(stats, n)
         if count < TOP_NGRAM_MIN_COUNT:
             break  # a longer n-gram is never more frequent; a phrase said twice is style
-        first = int(np.argmax(ids == value))
-        chars = int(stats.word_lengths[first:first + n].sum()) * count
-        if _above(_share(chars, stats.word_chars), maximum):
+        if _above(_share(chars * count, stats.word_chars), maximum):
             return TOP_NGRAM
     return None
 
@@ -321,13 +319,19 @@ def _max_count_bound(values: np.ndarray) -> int:
     return int(np.bincount(buckets.astype(np.intp), minlength=1 << bits).max())
 
 
-def _most_frequent(values: np.ndarray) -> tuple[np.uint64, int]:
-    """The most frequent value (the smallest among ties) and its count, by one sort."""
-    ordered = np.sort(values)
+def most_frequent_ngram(stats: TextStats, n: int) -> tuple[int, int]:
+    """The count of the most frequent n-gram and its word characters; among n-grams equally
+    frequent, the one that occurs first (as datatrove's Gopher filter picks it), so the verdict
+    does not depend on how ids are assigned. One stable sort: the first position of each
+    distinct n-gram comes first in its run."""
+    ids = stats.ngram_ids(n)
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
     counts = np.diff(np.append(starts, len(ordered)))
-    top = int(np.argmax(counts))
-    return ordered[starts[top]], int(counts[top])
+    count = int(counts.max())
+    first = int(order[starts[counts == count]].min())
+    return count, int(stats._word_ends[first + n] - stats._word_ends[first])
 
 
 def duplicate_ngrams(stats: TextStats, config: QualityConfig) -> str | None:
