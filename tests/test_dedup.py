@@ -127,7 +127,9 @@ def test_num_perm_must_split_into_bands():
         DedupConfig(num_perm=100, bands=16)
 
 
-def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages, hasher):
+@pytest.mark.parametrize("buckets", [1, 3, 8])
+def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages, hasher,
+                                                                     buckets):
     """Input 0 holds copies of pages that input 1 holds too: input 0's copies survive, even
     where input 1's page comes first in its file; within an input the first position wins."""
     pages = long_pages[:6]
@@ -150,7 +152,8 @@ def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages,
         (1, pages_file, 30): (DUPLICATE_NEAR, (1, pages_file, 20)),
     }
     with test_pipeline.TestPipeline() as p:
-        found = p | beam.Create(keys) | FindDuplicates(CONFIG.threshold)
+        batches = [tuple(keys[:3]), tuple(keys[3:5]), tuple(keys[5:])]  # chunks
+        found = p | beam.Create(batches) | FindDuplicates(CONFIG.threshold, buckets)
         assert_that(found, equal_to([expected]))
 
 

@@ -14,10 +14,12 @@ position), whatever the runner, worker count or bundle boundaries.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -231,36 +233,47 @@ def resolve_duplicates(exact: Iterable[Pair],
 
 
 class FindDuplicates(beam.PTransform):
-    """``DocumentKeys`` in; one dict {record key: (reason, surviving key)} out.
+    """Batches of ``DocumentKeys`` (one per chunk) in; one dict {record key: (reason, surviving
+    key)} out.
 
     Shuffles: the content hashes, the band keys (record key and content hash per band), and
-    the signatures of documents that have a candidate pair. Exact-only keys carry no bands, so
-    the near-duplicate steps then see nothing.
+    the signatures of documents that have a candidate pair. Each travels in batches, one per
+    chunk and bucket (a stable hash of the key, modulo ``buckets``), and is grouped by key
+    inside its bucket: a shuffled element per document and band cost more than all the rest of
+    deduplication. ``buckets`` bounds what one bucket holds, so size it to the input. Exact-only
+    keys carry no bands, so the near-duplicate steps then see nothing.
     """
 
-    def __init__(self, threshold: float):
+    def __init__(self, threshold: float, buckets: int = 1):
         super().__init__()
         self.threshold = threshold
+        self.buckets = buckets
 
-    def expand(self, keys):
+    def expand(self, batches):
+        buckets = self.buckets
         exact = (
-            keys
-            | "ByContent" >> beam.Map(lambda doc: (doc.content, doc.key))
+            batches
+            | "ByContent" >> beam.FlatMap(lambda batch: by_bucket(
+                ((doc.content, doc.key) for doc in batch), buckets))
             | "GroupByContent" >> beam.GroupByKey()
+            | "Regroup" >> beam.FlatMap(regroup)
             | "LaterCopies" >> beam.FlatMap(later_copies)
             | "CollectCopies" >> beam.combiners.ToList())
         pairs = (
-            keys
-            | "ByBand" >> beam.FlatMap(lambda doc: ((band, (doc.key, doc.content))
-                                                    for band in doc.bands))
+            batches
+            | "ByBand" >> beam.FlatMap(lambda batch: by_bucket(
+                ((band, (doc.key, doc.content)) for doc in batch for band in doc.bands),
+                buckets))
             | "GroupByBand" >> beam.GroupByKey()
+            | "RegroupBands" >> beam.FlatMap(regroup)
             | "CandidatePairs" >> beam.FlatMap(candidate_pairs))
         verified = (
             {
-                "signature": keys | "Signatures" >> beam.FlatMap(
-                    lambda doc: [(doc.key, doc.signature)] if doc.bands else []),
+                "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
+                    ((doc.key, doc.signature) for doc in batch if doc.bands), buckets)),
                 "pairs": pairs | "PairsByMember" >> beam.FlatMap(
-                    lambda pair: ((pair[0], pair), (pair[1], pair))),
+                    lambda pair: ((bucket_of(member, buckets), (member, pair))
+                                  for member in pair)),
             }
             | "JoinSignatures" >> beam.CoGroupByKey()
             | "SignaturePerPair" >> beam.FlatMap(_signature_per_pair)
@@ -271,11 +284,36 @@ class FindDuplicates(beam.PTransform):
                                              beam.pvalue.AsSingleton(verified))
 
 
-def _signature_per_pair(joined: tuple[RecordKey, Mapping[str, list]]) -> Iterator[tuple]:
+def bucket_of(key: bytes | RecordKey, buckets: int) -> int:
+    """A stable bucket for a key: the same in every process (hashes are digests already)."""
+    data = key if isinstance(key, bytes) else repr(key).encode()
+    digest = hashlib.blake2b(data, digest_size=8).digest()
+    return int.from_bytes(digest, "little") % buckets
+
+
+def by_bucket(items: Iterable[tuple[Any, Any]], buckets: int) -> Iterator[tuple[int, list]]:
+    """(bucket, [(key, value), ...]) for each bucket that ``items``' keys fall in."""
+    found: dict[int, list] = collections.defaultdict(list)
+    for key, value in items:
+        found[bucket_of(key, buckets)].append((key, value))
+    return iter(found.items())
+
+
+def regroup(bucket: tuple[int, Iterable[list]]) -> Iterator[tuple[Any, list]]:
+    """A bucket's batches as (key, [values]) per key, like a GroupByKey of the items."""
+    _, batches = bucket
+    found: dict[Any, list] = collections.defaultdict(list)
+    for batch in batches:
+        for key, value in batch:
+            found[key].append(value)
+    return iter(found.items())
+
+
+def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
     _, sides = joined
-    for signature in sides["signature"]:
-        for pair in sorted(set(sides["pairs"])):  # a pair found in several bands, once
-            yield pair, signature
+    signatures = dict(item for batch in sides["signature"] for item in batch)
+    for member, pair in sorted(set(sides["pairs"])):  # a pair found in several bands, once
+        yield pair, signatures[member]
 
 
 def _verified(pair_signatures: tuple[Pair, Iterable[bytes]], threshold: float) -> list[Pair]:

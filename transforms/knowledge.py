@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import apache_beam as beam
@@ -76,7 +77,9 @@ from transforms.steps import (
     TAILS,
     ChunkStep,
     GatherTails,
+    OverlappedStep,
     Part,
+    Started,
     TailGroup,
     apply_step,
     output_kind,
@@ -326,21 +329,33 @@ class KeyDocuments(beam.DoFn):
         dedup_config = self.config.dedup
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
-    def process(self, chunk: RecordChunk) -> Iterator[DocumentKeys]:
-        for record in chunk.records:
-            routed = classify(record, self.specs[record.input_index])
-            if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
-                continue
-            text = routed[1].value
-            if self.config.normalize is not None:
-                text = normalize_text(text, self.config.normalize)
-                if not text:
-                    continue
-            stats = TextStats(text)
-            if self.config.quality is not None and first_failure(stats, self.config.quality):
-                continue
-            yield document_keys(record_key(record, self.file_numbers), stats, self.config.dedup,
-                                self.hasher)
+    def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
+        keys = tuple(filter(None, map(self.keys, chunk.records)))
+        if keys:
+            yield keys  # one element per chunk: a shuffled element costs more than its keys
+
+    def keys(self, record: Record) -> DocumentKeys | None:
+        routed = classify(record, self.specs[record.input_index])
+        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
+            return None
+        text = routed[1].value
+        if self.config.normalize is not None:
+            text = normalize_text(text, self.config.normalize)
+            if not text:
+                return None
+        stats = TextStats(text)
+        if self.config.quality is not None and first_failure(stats, self.config.quality):
+            return None
+        return document_keys(record_key(record, self.file_numbers), stats, self.config.dedup,
+                             self.hasher)
+
+
+SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
+
+
+def key_buckets(shards: int) -> int:
+    """How many buckets deduplication's keys are grouped in (``FindDuplicates``)."""
+    return max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
 
 
 class FindDuplicateDocuments(beam.PTransform):
@@ -363,7 +378,8 @@ class FindDuplicateDocuments(beam.PTransform):
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files))
-            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold)
+            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
+                                                 key_buckets(len(self.shards)))
             | "Index" >> beam.Map(lambda drops: DuplicateIndex(files, drops)))
 
 
@@ -436,8 +452,9 @@ class TokenizedChunk:
                 "knowledge.tokens": sum(len(a) for a in self.token_arrays)}
 
 
-class TokenizeDocuments(ChunkStep):
-    """Tokenizes a chunk's documents in one batch; reports their lengths."""
+class TokenizeDocuments(OverlappedStep):
+    """Tokenizes a chunk's documents in one batch; reports their lengths. The batch is encoded
+    in the background while the steps before prepare the next chunk (``OverlappedStep``)."""
 
     step_name = "tokenize"
 
@@ -446,9 +463,17 @@ class TokenizeDocuments(ChunkStep):
 
     def setup(self) -> None:
         self.encoder = raw_text_encoder(self.tokenizer_spec)
+        self.background = ThreadPoolExecutor(1)
 
-    def run(self, chunk: RecordChunk) -> Iterator[Any]:
-        arrays = self.encoder.encode([record.value for record in chunk.records])
+    def teardown(self) -> None:
+        self.background.shutdown()
+
+    def start(self, chunk: RecordChunk) -> Future:
+        return self.background.submit(self.encoder.encode, document_texts(chunk))
+
+    def run(self, started: Started) -> Iterator[Any]:
+        chunk = started.chunk
+        arrays = started.handle.result()
         lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         self.count("knowledge.documents", len(arrays))
         self.count("knowledge.tokens", int(lengths.sum()))

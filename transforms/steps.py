@@ -22,6 +22,7 @@ from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.records import Rejection
 
@@ -121,6 +122,53 @@ class ChunkStep(beam.DoFn):
         metric = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, name)
         for value in values:
             metric.update(int(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A chunk and the handle of the work an ``OverlappedStep`` started on it."""
+
+    chunk: Any
+    handle: Any
+
+    @property
+    def chunk_id(self) -> str:
+        return self.chunk.chunk_id
+
+
+class OverlappedStep(ChunkStep):
+    """A step whose heavy work runs in threads that release the GIL (a tokenizer's native
+    code) while the steps fused before it prepare the next chunk on the main thread.
+
+    ``start(chunk)`` begins the work and returns a handle; ``run`` gets a ``Started`` with that
+    handle one element later, or at the end of the bundle for its last chunk. So a runner that
+    runs a stage on one thread (the DirectRunner's ``in_memory`` mode) still uses two cores.
+    Only the moment of output changes, never the rows, and at most one chunk waits.
+    """
+
+    def start(self, chunk: Any) -> Any:
+        raise NotImplementedError
+
+    def start_bundle(self) -> None:
+        self._started: Started | None = None
+
+    def process(self, chunk: Any) -> Iterator[Any]:
+        started, self._started = self._started, Started(chunk, self.start(chunk))
+        if started is not None:
+            yield from super().process(started)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        started, self._started = self._started, None
+        if started is not None:
+            for output in super().process(started):
+                yield _in_global_window(output)
+
+
+def _in_global_window(output: Any) -> Any:
+    """An output of ``finish_bundle``, which Beam wants windowed (all our data is global)."""
+    if isinstance(output, beam.pvalue.TaggedOutput):
+        return beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+    return GlobalWindows.windowed_value(output)
 
 
 def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str):
