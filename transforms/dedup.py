@@ -285,10 +285,11 @@ class FindDuplicates(beam.PTransform):
 
 
 def bucket_of(key: bytes | RecordKey, buckets: int) -> int:
-    """A stable bucket for a key: the same in every process (hashes are digests already)."""
-    data = key if isinstance(key, bytes) else repr(key).encode()
-    digest = hashlib.blake2b(data, digest_size=8).digest()
-    return int.from_bytes(digest, "little") % buckets
+    """A stable bucket for a key: the same in every process. Content hashes and band keys are
+    blake2b digests already, so their first bytes serve; record keys are hashed."""
+    if not isinstance(key, bytes):
+        key = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(key[:8], "little") % buckets
 
 
 def by_bucket(items: Iterable[tuple[Any, Any]], buckets: int) -> Iterator[tuple[int, list]]:

@@ -32,6 +32,7 @@ before.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -149,8 +150,8 @@ class TiktokenEncoder:
         self.normalizer = backend.normalizer
         self.fallback = fallback
         self.encoding = _qwen2_encoding(backend)
-        threads = _threads()
-        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self.threads = _threads()
+        self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
     def _normalized(self, text: str) -> str | None:
         """``text`` as the backend's normalizer leaves it; None if tiktoken cannot take it."""
@@ -176,9 +177,16 @@ class TiktokenEncoder:
         return self.encoding.encode_to_numpy(normalized, disallowed_special=()).astype(np.int32)
 
     def _map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
+        """``encode`` over ``texts`` in order: one contiguous slice per thread, of about equal
+        characters (a task per text cost more than small texts take to encode)."""
         if self.pool is None or len(texts) < 2:
             return list(map(encode, texts))
-        return list(self.pool.map(encode, texts))
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+        targets = ends[-1] * np.arange(1, self.threads) / self.threads
+        cuts = [0, *np.searchsorted(ends, targets, side="right").tolist(), len(texts)]
+        parts = self.pool.map(lambda bounds: list(map(encode, texts[bounds[0]:bounds[1]])),
+                              itertools.pairwise(cuts))
+        return [ids for part in parts for ids in part]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._map(self.encode_one, texts)

@@ -37,6 +37,11 @@ _SPACE_RUN = re.compile(f"(?:[{_HSPACE}]| (?=[ {_HSPACE}\n])| \\Z)[ {_HSPACE}]*"
 # with none of them (most normalised text) has no run, which this class finds out quickly.
 _HSPACE_CHAR = re.compile(f"[{_HSPACE}]")
 _BLANK_LINES = re.compile("\n\n\n+")
+# Every character the three classes above look for, in one class: most text has none, and one
+# scan then tells that instead of three.
+_SPECIAL_CHAR = re.compile(
+    f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u200b\u2060\ufeff\ud800-\udfff\r"
+    f"\u2028\u2029{_HSPACE}]")
 
 # Project Gutenberg wraps every e-book in a licence header and footer. The markers have changed
 # over the years ("*** START OF THIS/THE PROJECT GUTENBERG EBOOK ...", "*END*THE SMALL PRINT");
@@ -69,20 +74,26 @@ def normalize_text(text: str, config: NormalizeConfig = NormalizeConfig()) -> st
     more line breaks to one blank line, and the document stripped. With ``strip_gutenberg``:
     the Project Gutenberg licence header and footer cut where their markers are present.
     """
-    text = _INVISIBLE.sub("", text)
-    if _LINE_BREAK_CHAR.search(text):
-        text = _LINE_BREAK.sub("\n", text)
+    special = _SPECIAL_CHAR.search(text) is not None
+    if special:
+        text = _INVISIBLE.sub("", text)
+        if _LINE_BREAK_CHAR.search(text):
+            text = _LINE_BREAK.sub("\n", text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     if config.strip_gutenberg:
         text = strip_gutenberg(text)
     if config.collapse_whitespace:
-        text = collapse_whitespace(text)
+        # NFC makes horizontal spaces only of others (U+2000, U+2001), so none if none before.
+        text = collapse_whitespace(text, hspace=special)
     return text
 
 
-def collapse_whitespace(text: str) -> str:
+def collapse_whitespace(text: str, hspace: bool = True) -> str:
     """One space between words, at most one blank line between paragraphs; indentation stays.
+
+    ``hspace=False`` says the text has no tab or other horizontal space than U+0020, so it is
+    not searched for one.
 
     >>> collapse_whitespace("  a \\u00a0 b\\t\\n\\n\\n\\n    c  \\n")
     'a b\\n\\n    c'
@@ -97,7 +108,7 @@ def collapse_whitespace(text: str) -> str:
         return " "
 
     if ("  " in text or " \n" in text or text.endswith(" ")
-            or _HSPACE_CHAR.search(text)):
+            or (hspace and _HSPACE_CHAR.search(text))):
         text = _SPACE_RUN.sub(replace, text)
     return _BLANK_LINES.sub("\n\n", text).strip()
 
