@@ -483,11 +483,8 @@ class _PieceEncoder:
         return self.normalize(piece) == piece
 
     def encode(self, texts: Sequence[str]) -> list[_Tokens | None]:
-        """Each text's tokens, or None where the backend must encode it.
-
-        One thread: tiktoken holds the GIL while it encodes (0.14, measured), so a thread pool
-        would only queue behind it.
-        """
+        """Each text's tokens, or None where the backend must encode it. The pieces are encoded
+        on the tiktoken encoder's threads."""
         layouts: list[list[str] | None] = []
         pieces: list[str] = []
         for text in texts:
@@ -498,7 +495,7 @@ class _PieceEncoder:
             else:
                 layouts.append(None)
         encode = self.fast.encoding.encode_ordinary  # pieces are checked: no normalising here
-        return self._assemble(layouts, list(map(encode, pieces)))
+        return self._assemble(layouts, self.fast.parallel_map(encode, pieces))
 
     def _assemble(self, layouts: list[list[str] | None],
                   encoded_pieces: list[list[int]]) -> list[_Tokens | None]:

@@ -174,9 +174,10 @@ class TiktokenEncoder:
         through its special-token search: 25% slower here.)"""
         return np.asarray(self.encode_one(text), dtype=np.int32)
 
-    def _map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
-        """``encode`` over ``texts`` in order: one contiguous slice per thread, of about equal
-        characters (a task per text cost more than small texts take to encode)."""
+    def parallel_map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
+        """``encode`` over ``texts`` in order, on the encoder's threads (tiktoken releases the
+        GIL): one contiguous slice per thread, of about equal characters (a task per text cost
+        more than small texts take to encode)."""
         if self.pool is None or len(texts) < 2:
             return list(map(encode, texts))
         ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
@@ -187,10 +188,10 @@ class TiktokenEncoder:
         return [ids for part in parts for ids in part]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._map(self.encode_one, texts)
+        return self.parallel_map(self.encode_one, texts)
 
     def encode_arrays(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
-        return tuple(self._map(self.encode_array, texts))
+        return tuple(self.parallel_map(self.encode_array, texts))
 
     def close(self) -> None:
         if self.pool is not None:
