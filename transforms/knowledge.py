@@ -2,18 +2,19 @@
 
 Each chunk of documents goes through small steps: ``Normalize`` (one canonical text per
 document), ``QualityFilter`` (Gopher/C4-style rules), ``DropDuplicates`` (exact and near copies
-across the whole dataset), ``Tokenize`` (one batched call) and ``ConcatenateBlocks`` (documents
-joined in input order into blocks of exactly ``block_size`` tokens within the chunk). Each
-chunk's leftover tokens are joined with other chunks' leftovers in a few ordered groups, so at
-most one partial block per group is dropped or padded. A dropped document is ``filtered`` with
-its reason code. Rows depend only on the input. Tokens travel as numpy int32 arrays.
+across the whole dataset), ``Tokenize`` (one batched call, overlapped with the steps before) and
+``ConcatenateBlocks`` (documents joined in input order into blocks of exactly ``block_size``
+tokens within the chunk). Each chunk's leftover tokens are joined with other chunks' leftovers
+in a few ordered groups, so at most one partial block per group is dropped or padded. A dropped
+document is ``filtered`` with its reason code. Rows depend only on the input. Tokens travel as
+numpy int32 arrays.
 
 Deduplication needs the whole dataset, so it runs in two passes (``FindDuplicateDocuments``):
-the first reads the inputs again and shuffles only small keys per document; the main pass drops
-the copies it names, chunk by chunk, with that small ``DuplicateIndex`` as a side input. The
-documents themselves are never shuffled, and no read is shared between the passes, so Beam
-never has to keep a pass's chunks while the index is built: the main read is fused with the
-steps after the side input and runs once the index is ready.
+the first reads the inputs again and shuffles only small keys per document (in batches per
+chunk); the main pass drops the copies it names, chunk by chunk, with that small
+``DuplicateIndex`` as a side input. The documents themselves are never shuffled, and no read is
+shared between the passes, so Beam never has to keep a pass's chunks while the index is built:
+the main read is fused with the steps after the side input and runs once the index is ready.
 """
 
 from __future__ import annotations
