@@ -107,14 +107,19 @@ class Words:
         ends = np.cumsum(self.lengths)
         return ends - self.lengths
 
+    @functools.cached_property
+    def _positions(self) -> np.ndarray:
+        """Each character's position in its word, in the bits above its code point."""
+        position = (np.arange(len(self.points), dtype=np.int64)
+                    - np.repeat(self._offsets, self.lengths)).astype(np.uint64)
+        return position << _POSITION_SHIFT
+
     def _hash(self, points: np.ndarray) -> np.ndarray:
         if not len(points):
             return np.empty(0, dtype=np.uint64)
-        offsets = self._offsets
-        position = (np.arange(len(points), dtype=np.int64)
-                    - np.repeat(offsets, self.lengths)).astype(np.uint64)
-        mixed = _mix(points.astype(np.uint64) | (position << _POSITION_SHIFT))
-        return np.add.reduceat(mixed, offsets)
+        mixed = points.astype(np.uint64)
+        mixed |= self._positions
+        return np.add.reduceat(_mix(mixed), self._offsets)
 
     @functools.cached_property
     def ids(self) -> np.ndarray:
