@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from transforms.readers import (
+    MAX_JSON_DEPTH,
     detect_format,
     parse_input_spec,
     plan_shards,
@@ -731,3 +732,15 @@ def test_json_nested_deeper_than_the_limit_is_rejected_before_it_reaches_beam(tm
                for c in read_shard(s) for r in c.records]
     assert [r.error and r.error[0] for r in records] == [
         TOO_DEEPLY_NESTED, TOO_DEEPLY_NESTED, None, TOO_DEEPLY_NESTED, None]
+
+
+def test_json_depth_limit_is_exact_and_many_shallow_brackets_pass(tmp_path):
+    def nested(levels):  # an object holding levels - 1 nested lists: depth `levels`
+        return '{"text": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+
+    shallow = '{"text": [' + ",".join(["[1]"] * 100) + "]}"  # 101 brackets, depth 3
+    lines = [nested(MAX_JSON_DEPTH), nested(MAX_JSON_DEPTH + 1), shallow]
+    path = write(tmp_path / "d.jsonl", ("\n".join(lines) + "\n").encode())
+    records = [r for s in plan_shards([parse_input_spec(0, path)])
+               for c in read_shard(s) for r in c.records]
+    assert [r.error and r.error[0] for r in records] == [None, TOO_DEEPLY_NESTED, None]

@@ -539,7 +539,9 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     except _JSON_ERRORS as error:
         return _failed(shard, line.offset, MALFORMED_JSON, _json_message(error),
                        _raw_text(text.rstrip("\r")))
-    if _too_deep(value):
+    # Each level of nesting opens with a bracket: a line with few cannot nest too deeply, and
+    # then the walk is skipped.
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _too_deep(value):
         return _failed(shard, line.offset, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE,
                        _raw_text(text.rstrip("\r")))
     if not isinstance(value, dict):
