@@ -70,3 +70,20 @@ def test_checks_refuse_wrong_counts():
     with pytest.raises(checks.CheckFailed, match="truncated"):
         checks.trl_run({"examples": 3, "packed_tokens": 5, "tokens": 6, "longest_pack": 4},
                        examples=3, seq_len=4)
+
+
+def test_speed_ratios_use_whole_wall_time_and_show_the_work_less_start_up():
+    from bench import run
+
+    def measured(wall, cpu):
+        return proc.Measured(wall_s=wall, peak_rss_mb=1.0, cpu_s=cpu, others_cpu_s=0.0, log="")
+
+    ours = run.Run({"knowledge": {"tokens": 1000}}, "out", measured(10.0, 15.0))
+    peer = {"tokens": 2000, "seconds": 10.0, "cpu_seconds": 20.0}
+    target = run._speed("t", ours, measured(2.0, 2.0), "knowledge", peer, 0.5)
+    assert target.measured == "0.50x (per CPU second 0.67x; less start-up 0.62x)"
+    assert target.met  # 0.5 >= 0.5: the goal is judged on whole wall time
+    assert not run._speed("t", ours, measured(2.0, 2.0), "knowledge", peer, 0.5,
+                          strict=True).met
+    slow_start = run._speed("t", ours, measured(12.0, 2.0), "knowledge", peer, 0.5)
+    assert "less start-up n/a" in slow_start.measured

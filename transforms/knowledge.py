@@ -93,6 +93,7 @@ GROUP = "knowledge branch"
 EMPTY_AFTER_NORMALIZATION = "empty_after_normalization"
 LENGTH_RANGE = "length_range"
 UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept after all
+SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
 
 
 # --------------------------------------------------------------------------- options
@@ -349,9 +350,6 @@ class KeyDocuments(beam.DoFn):
             return None
         return document_keys(record_key(record, self.file_numbers), stats, self.config.dedup,
                              self.hasher)
-
-
-SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
 
 
 def key_buckets(shards: int) -> int:
