@@ -81,6 +81,7 @@ def _knowledge(record: Record, text: str) -> tuple[str, Record] | Rejection:
 
 class _Classify(ChunkStep):
     step_name = "classify"
+    chunk_tags = (R.KNOWLEDGE, R.INSTRUCTION)
 
     def __init__(self, specs: Sequence[InputSpec]):
         self.specs = {spec.index: spec for spec in specs}

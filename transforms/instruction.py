@@ -29,6 +29,7 @@ from transforms.chat_template import (
     RenderError,
     encode_conversations,
 )
+from transforms.chunks import Chunk
 from transforms.curation import BranchCuration
 from transforms.decontam import Decontaminate
 from transforms.mixing import MixSources
@@ -65,7 +66,7 @@ FULL_PACK = 0.99  # packs filled at least this much are final; the rest are pack
 
 
 @dataclasses.dataclass(frozen=True)
-class ConversationChunk:
+class ConversationChunk(Chunk):
     chunk_id: str
     records: tuple[Record, ...]
     conversations: tuple[Conversation, ...]
@@ -76,7 +77,7 @@ class ConversationChunk:
 
 
 @dataclasses.dataclass(frozen=True)
-class EncodedChunk:
+class EncodedChunk(Chunk):
     chunk_id: str
     examples: tuple[EncodedExample, ...]
     origins: tuple[Origin, ...] = ()  # per example, for mixing's accounting

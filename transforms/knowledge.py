@@ -32,6 +32,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
+from transforms.chunks import Chunk
 from transforms.classify import classify
 from transforms.curation import BranchCuration
 from transforms.decontam import Decontaminate
@@ -428,7 +429,7 @@ def raw_text_encoder(tokenizer: str) -> RawTextEncoder:
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizedChunk:
+class TokenizedChunk(Chunk):
     chunk_id: str
     token_arrays: tuple[np.ndarray, ...]
     origins: tuple[Origin, ...] = ()  # per document, for mixing's accounting
@@ -596,9 +597,8 @@ class KnowledgeBranch(beam.PTransform):
             steps.append(apply_step(documents, "QualityFilter", FilterQuality(config.quality)))
             documents = steps[-1].main
         if self.duplicates is not None:
-            steps.append(documents | "DropDuplicates" >> beam.ParDo(
-                DropDuplicates(), beam.pvalue.AsSingleton(self.duplicates),
-            ).with_outputs(PARTS, STATS, main="main"))
+            steps.append(apply_step(documents, "DropDuplicates", DropDuplicates(),
+                                    side_inputs=[beam.pvalue.AsSingleton(self.duplicates)]))
             documents = steps[-1].main
         curation = self.curation
         if curation.decontam is not None:

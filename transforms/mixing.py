@@ -29,7 +29,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms.records import Rejection
-from transforms.steps import PARTS, STATS, ChunkStep, is_validation
+from transforms.steps import ChunkStep, apply_step, is_validation
 
 MIX_UNSELECTED = "mix_unselected"
 MIX_SCALES = ("down", "up")
@@ -181,6 +181,5 @@ class MixSources(beam.PTransform):
             | "Histograms" >> beam.CombinePerKey(TokenHistogram())
             | "ToDict" >> beam.combiners.ToDict()
             | "Plan" >> beam.Map(plan_mix, config))
-        return chunks | "Mix" >> beam.ParDo(
-            MixChunk(config, self.unselected_counter), beam.pvalue.AsSingleton(plan),
-        ).with_outputs(PARTS, STATS, main="main")
+        return apply_step(chunks, "Mix", MixChunk(config, self.unselected_counter),
+                          side_inputs=[beam.pvalue.AsSingleton(plan)])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 
 from transforms.readers import read_shard
-from transforms.records import ShardSpec
+from transforms.records import RecordChunk, ShardSpec
 
 
 class ReadInputs(beam.PTransform):
@@ -28,5 +28,6 @@ class ReadInputs(beam.PTransform):
             | "ListShards" >> beam.Create(self.shards)
             | "SpreadShards" >> beam.Reshuffle()
             | "ReadShards" >> beam.FlatMap(read_shard, chunk_records=self.chunk_records,
-                                           max_record_bytes=self.max_record_bytes)
+                                           max_record_bytes=self.max_record_bytes,
+                                           ).with_output_types(RecordChunk)
         )

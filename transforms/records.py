@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from transforms.chunks import Chunk
+
 KNOWLEDGE = "knowledge"
 INSTRUCTION = "instruction"
 BRANCHES = (KNOWLEDGE, INSTRUCTION)
@@ -121,7 +123,7 @@ Origin = tuple[str, int, int]  # (source, position, input index): a record's pro
 
 
 @dataclasses.dataclass(frozen=True)
-class RecordChunk:
+class RecordChunk(Chunk):
     """A bounded, ordered slice of one shard. ``chunk_id`` sorts in input order."""
 
     chunk_id: str

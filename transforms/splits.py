@@ -21,7 +21,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from transforms.steps import PARTS, STATS, VALIDATION, ChunkStep, validation_id
+from transforms.steps import VALIDATION, ChunkStep, apply_step, validation_id
 
 HASH_SPACE = 1 << 64
 
@@ -90,9 +90,7 @@ class SplitOff(beam.PTransform):
 
     def expand(self, chunks):
         if self.size < 1:
-            return chunks | "Split" >> beam.ParDo(
-                SplitValidation(self.seed, fraction=self.size),
-            ).with_outputs(PARTS, STATS, main="main")
+            return apply_step(chunks, "Split", SplitValidation(self.seed, fraction=self.size))
         count = int(self.size)
         threshold = (
             chunks
@@ -100,6 +98,5 @@ class SplitOff(beam.PTransform):
             | "Smallest" >> beam.combiners.Top.Smallest(count)
             | "Threshold" >> beam.Map(
                 lambda smallest: smallest[-1] + 1 if len(smallest) == count else HASH_SPACE))
-        return chunks | "Split" >> beam.ParDo(
-            SplitValidation(self.seed), beam.pvalue.AsSingleton(threshold),
-        ).with_outputs(PARTS, STATS, main="main")
+        return apply_step(chunks, "Split", SplitValidation(self.seed),
+                          side_inputs=[beam.pvalue.AsSingleton(threshold)])

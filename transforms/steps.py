@@ -17,13 +17,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.chunks import Chunk
 from transforms.records import Rejection
 
 PARTS = "parts"
@@ -44,7 +45,7 @@ REJECTED_SCHEMA = pa.schema([
 
 
 @dataclasses.dataclass(frozen=True)
-class Part:
+class Part(Chunk):
     """A table bound for one output kind (pretrain, sft, rejected, filtered)."""
 
     kind: str
@@ -81,6 +82,7 @@ class ChunkStep(beam.DoFn):
     """Base class: subclasses implement ``run`` and call ``drop``/``count`` while they work."""
 
     step_name = "step"
+    chunk_tags: tuple[str, ...] = ()  # extra outputs that are chunks too (see apply_step)
 
     def process(self, chunk: Any) -> Iterator[Any]:
         self._dropped: dict[str, list[Rejection]] = collections.defaultdict(list)
@@ -171,13 +173,21 @@ def _in_global_window(output: Any) -> Any:
     return GlobalWindows.windowed_value(output)
 
 
-def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str):
-    """Applies a step and returns its tagged outputs (``main`` plus any extra tags)."""
-    return pcoll | label >> beam.ParDo(step).with_outputs(PARTS, STATS, *tags, main="main")
+def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str,
+               side_inputs: Sequence[beam.pvalue.AsSideInput] = ()):
+    """Applies a step and returns its tagged outputs (``main`` plus any extra tags).
+
+    The main output and ``parts`` are typed ``Chunk``, and so are the tags in the step's
+    ``chunk_tags``: Beam then codes them with ``ChunkCoder``.
+    """
+    hints = {tag: Chunk if tag in step.chunk_tags else Any for tag in tags}
+    return pcoll | label >> beam.ParDo(step, *side_inputs).with_output_types(
+        Chunk, **{PARTS: Chunk, STATS: Any}, **hints).with_outputs(PARTS, STATS, *tags,
+                                                                   main="main")
 
 
 @dataclasses.dataclass(frozen=True)
-class TailGroup:
+class TailGroup(Chunk):
     """Leftovers of several chunks (block tails, under-filled packs), in chunk order."""
 
     chunk_id: str
