@@ -462,13 +462,15 @@ class TokenizeDocuments(OverlappedStep):
         self.tokenizer_spec = tokenizer
 
     def setup(self) -> None:
-        self.encoder = raw_text_encoder(self.tokenizer_spec)
         self.background = ThreadPoolExecutor(1)
+        self.encoder: RawTextEncoder | None = None  # made on first use (see start)
 
     def teardown(self) -> None:
         self.background.shutdown()
 
     def start(self, chunk: RecordChunk) -> Future:
+        if self.encoder is None:  # a run without documents need not prove and build one
+            self.encoder = raw_text_encoder(self.tokenizer_spec)
         return self.background.submit(self.encoder.encode, document_texts(chunk))
 
     def run(self, started: Started) -> Iterator[Any]:
