@@ -56,10 +56,12 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     rejected = pa.table({"source": ["a"], "position": [3], "reason": ["malformed_json"]})
     stage = StagePart(str(tmp_path / "staging"))
     stage.setup()
+    stage.start_bundle()
     [data] = stage.process(Part("pretrain", "c0", "blocks", table))
     [bad] = stage.process(Part("rejected", "c0", "classify", rejected))
     # Restaging the same part rewrites the same file: retries cannot duplicate rows.
     assert next(stage.process(Part("pretrain", "c0", "blocks", table))).path == data.path
+    stage.finish_bundle()  # the files are written in the background until here
     writer = WriteOutputFile(row_group_rows=2)
     out = tmp_path / "out"
     [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"), ((data.path, 1, 3),)))
@@ -112,14 +114,30 @@ def test_an_earlier_runs_phases_count_as_its_outputs(tmp_path):
         prepare_output_dir(str(out), overwrite=True)
 
 
+def test_a_failed_background_write_fails_the_bundle(tmp_path):
+    """Staged files are written on a thread; an error there must still fail the bundle, at the
+    latest when it finishes, so the runner retries it instead of committing its outputs."""
+    (tmp_path / "staging").write_text("a file where the staging directory should be")
+    stage = StagePart(str(tmp_path / "staging"))
+    stage.setup()
+    stage.start_bundle()
+    table = pa.table({"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))})
+    list(stage.process(Part("sft", "c0", "pack", table)))
+    with pytest.raises(OSError):
+        stage.finish_bundle()
+    stage.teardown()
+
+
 def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
     staging = str(tmp_path / "staging")
     stage = StagePart(staging)
     stage.setup()
+    stage.start_bundle()
     table = pa.table({"input_ids": pa.array([[1], [2], [3]], pa.list_(pa.int32()))})
     [first] = stage.process(Part("sft", "c0", "pack", table))
     [second] = stage.process(Part("sft", "c1", "pack", table.slice(0, 2)))
     [bad] = stage.process(Part("rejected", "c1", "validate", pa.table({"reason": ["x"]})))
+    stage.finish_bundle()
     found = reconcile_staged([first], staging)
     assert found[0] == first
     recovered = sorted(found[1:], key=lambda f: f.path)

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import apache_beam as beam
 import pyarrow as pa
@@ -46,6 +47,7 @@ JSONL_KINDS = ("rejected", "filtered")
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
 COMPRESSION = "zstd"
 ORDER_KEY = b"beam_pipeline.order"  # staged files' footer entry: [chunk_id, step]
+MAX_PENDING_WRITES = 2  # staged files a StagePart may have in flight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +98,10 @@ def staged_path(staging_dir: str, part: Part) -> str:
 class StagePart(beam.DoFn):
     """Writes one part to its staging file; the same part always lands in the same file.
 
-    Parts of the ``skip`` kinds are counted by their steps but not written.
+    Parts of the ``skip`` kinds are counted by their steps but not written. Files are written
+    on a background thread (Arrow encodes and compresses outside the GIL) while the steps fused
+    before this one make the next part; the bundle ends only when its files are all written, so
+    a failed write fails the bundle, and nothing reads staged files before their bundle ends.
     """
 
     def __init__(self, staging_dir: str, skip: Sequence[str] = ()):
@@ -105,6 +110,17 @@ class StagePart(beam.DoFn):
 
     def setup(self) -> None:
         self.progress = Progress("staged")
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="stage-part")
+
+    def teardown(self) -> None:
+        self.writer.shutdown()
+
+    def start_bundle(self) -> None:
+        self.pending: collections.deque[Future] = collections.deque()
+
+    def finish_bundle(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
 
     def process(self, part: Part) -> Iterator[StagedFile]:
         if part.kind in self.skip:
@@ -112,11 +128,17 @@ class StagePart(beam.DoFn):
         path = staged_path(self.staging_dir, part)
         order = json.dumps([part.chunk_id, part.step]).encode("utf-8")
         table = part.table.replace_schema_metadata({ORDER_KEY: order})
-        with FileSystems.create(path) as handle:
-            pq.write_table(table, handle, compression=COMPRESSION)
+        while len(self.pending) >= MAX_PENDING_WRITES:  # bounds the parts held in memory
+            self.pending.popleft().result()
+        self.pending.append(self.writer.submit(_write_staged, path, table))
         self.progress.add(part.kind, part.table.num_rows)
         yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
                          part.table.nbytes)
+
+
+def _write_staged(path: str, table: pa.Table) -> None:
+    with FileSystems.create(path) as handle:
+        pq.write_table(table, handle, compression=COMPRESSION)
 
 
 def _read_staged_footer(path: str, kind: str) -> StagedFile:
