@@ -646,6 +646,23 @@ def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
         list(conversation.messages), tokenize=True, return_dict=True)["input_ids"]
 
 
+def test_special_tokens_that_prefix_others_keep_the_backend(qwen_tokenizer, monkeypatch):
+    """The backend matches the longest added token at a position, tiktoken the first it tries:
+    with one token a prefix of another they can differ, so tiktoken is not used; with more
+    special tokens that prefix none, it is, and gives the backend's results."""
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>!", "<x>"]})
+    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    prefix_free = copy.deepcopy(qwen_tokenizer)
+    prefix_free.add_special_tokens({"additional_special_tokens": ["<x>", "<y>"]})
+    assert chat_template._backend_tools(prefix_free.backend_tokenizer).pieces is not None
+    conversations = fast_corpus()
+    fast = encode_conversations(prefix_free, conversations, DEFAULT)
+    monkeypatch.setattr(chat_template, "_TOOLS", {})
+    monkeypatch.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+    assert_same_results(fast, encode_conversations(prefix_free, conversations, DEFAULT))
+
+
 def test_settings_that_transformers_leaves_on_the_backend_change_nothing(qwen_tokenizer):
     """transformers leaves ``split_special_tokens`` and truncation on the shared backend after a
     call that asks for them; the examples encoded afterwards are the same."""

@@ -70,6 +70,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import re
 import threading
@@ -86,7 +87,7 @@ from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
-from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder
+from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder, qwen2_encoding
 from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG, strings_in
 from transforms.tokenizer import private_backend
 
@@ -152,6 +153,16 @@ class RenderError:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Started:
+    """A batch whose texts are rendered and whose plain texts' tokens are on their way."""
+
+    results: list[EncodedExample | RenderError | None]  # None: an example to come
+    rendered: list[_Rendered]  # one per None above
+    plain: list[int]  # the rendered texts without control-token text, by index
+    tokens: Callable[[], list[_Tokens | None]] | None  # the plain texts' tokens, when done
+
+
+@dataclasses.dataclass(frozen=True)
 class _Rendered:
     text: str
     spans: list[tuple[int, int]]  # character spans [start, end) of trained text
@@ -189,20 +200,44 @@ def encode_conversations(
     ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
     plain text by a private copy of its backend.
     """
+    return start_encoding(tok, conversations, options, system_prompt, max_tokens, overflow)()
+
+
+def start_encoding(
+    tok: PreTrainedTokenizerBase,
+    conversations: Sequence[Conversation],
+    options: MaskOptions,
+    system_prompt: str | None = None,
+    max_tokens: int | None = None,
+    overflow: str = "drop",
+) -> Callable[[], list[EncodedExample | RenderError]]:
+    """``encode_conversations``, begun: the conversations are rendered now and their tokens
+    encoded in the background (where the tokenizer allows); the returned function finishes.
+
+    Between the two the caller's thread is free for other work, such as rendering the next
+    batch, while the encoder's threads run outside the GIL.
+    """
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
     try:
         encoder = _Encoder(tok, options, system_prompt)
     except Exception as e:  # no chat template, or one that does not compile: every record says why
         message = f"chat template unusable: {type(e).__name__}: {e}"
-        return [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
-    with encoder.watchdog.watching():  # one watchdog thread for the whole batch
-        results = encoder.encode(conversations)
-        if max_tokens is not None:
-            for k, result in enumerate(results):
-                if isinstance(result, EncodedExample) and len(result.input_ids) > max_tokens:
-                    results[k] = encoder.fit(conversations[k], result, max_tokens, overflow)
-    return results
+        errors = [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
+        return lambda: errors
+    with encoder.watchdog.watching():  # one watchdog thread for the batch's renders
+        started = encoder.start(conversations)
+
+    def finish() -> list[EncodedExample | RenderError]:
+        with encoder.watchdog.watching():  # overflow renders prefixes again
+            results = encoder.finish(started)
+            if max_tokens is not None:
+                for k, result in enumerate(results):
+                    if isinstance(result, EncodedExample) and len(result.input_ids) > max_tokens:
+                        results[k] = encoder.fit(conversations[k], result, max_tokens, overflow)
+        return results
+
+    return finish
 
 
 class _Encoder:
@@ -228,6 +263,10 @@ class _Encoder:
         self.end_ids = None if options.train_end_of_turn else _special_ids(tok)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | RenderError]:
+        return self.finish(self.start(conversations))
+
+    def start(self, conversations: Sequence[Conversation]) -> _Started:
+        """Renders the conversations and starts encoding the plain ones in the background."""
         results: list[EncodedExample | RenderError | None] = []
         rendered: list[_Rendered] = []
         for conversation in conversations:
@@ -237,14 +276,19 @@ class _Encoder:
             except _Unrenderable as e:
                 results.append(RenderError(e.reason, e.message))
         plain = [k for k, r in enumerate(rendered) if r.marked is None]
+        fast = self.tools.pieces
+        tokens = None if fast is None else fast.start([rendered[k].text for k in plain])
+        return _Started(results, rendered, plain, tokens)
+
+    def finish(self, started: _Started) -> list[EncodedExample | RenderError]:
+        """Each conversation's example or error, in order, once its tokens are in."""
+        results, rendered, plain = started.results, started.rendered, started.plain
         found: list[_Tokens | Encoding | None] = [None] * len(rendered)
         # Ids and offsets are millions of small objects: a cyclic collection meanwhile would scan
         # them all.
         with _gc_paused():
-            fast = self.tools.pieces
-            if fast is not None:
-                for k, tokens in zip(plain, fast.encode([rendered[k].text for k in plain]),
-                                     strict=True):
+            if started.tokens is not None:
+                for k, tokens in zip(plain, started.tokens(), strict=True):
                     found[k] = tokens
             slow = [k for k in plain if found[k] is None]
             if slow:
@@ -453,19 +497,24 @@ class _PieceEncoder:
 
     The backend cuts a text at its added tokens first and encodes each piece between them on its
     own (normalised, pre-tokenised, BPE); no merge ever crosses an added token. Where the backend
-    is the offline Qwen2 tokenizer (``fast_raw_encoder`` proves it, and that every added token is
-    special, matched as written and without stripping), the pieces are encoded by tiktoken and
-    the added tokens looked up. A piece that normalisation would change (not NFC) or that cannot
-    be UTF-8 (lone surrogates) sends its whole text back to the backend, so byte offsets are
-    always offsets into the text itself; token ends are cumulative byte lengths of the tokens.
+    is the offline Qwen2 tokenizer (``fast_raw_encoder`` proves it, and ``_piece_encoder`` that
+    every added token is matched as written, without stripping, and is no prefix of another),
+    tiktoken does the same in one call per text, with the added tokens as its special tokens: it
+    takes the first token that matches at a position, the backend the longest, and with no token
+    a prefix of another they are the same. A piece that normalisation would change (not NFC) or
+    that cannot be UTF-8 (lone surrogates) sends its whole text back to the backend, so byte
+    offsets are always offsets into the text itself; token ends are cumulative byte lengths of
+    the tokens.
     """
 
     def __init__(self, backend: Tokenizer, fast: TiktokenEncoder) -> None:
         self.fast = fast
         self.normalize = backend.normalizer.normalize_str
         added = backend.get_added_tokens_decoder()
-        self.added_ids = {token.content: i for i, token in added.items()}
-        self.split = re.compile(f"({_alternation(tuple(self.added_ids)).pattern})").split
+        added_ids = {token.content: i for i, token in added.items()}
+        self.split = re.compile(f"({_alternation(tuple(added_ids)).pattern})").split
+        self.encode_text = functools.partial(qwen2_encoding(backend, added_ids).encode,
+                                             allowed_special="all")
         vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
         self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
         self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
@@ -473,51 +522,41 @@ class _PieceEncoder:
         for i, token in added.items():
             self.nbytes[i] = len(token.content.encode("utf-8"))
 
-    def _plain(self, piece: str) -> bool:
-        if piece.isascii():
-            return True
-        try:
-            piece.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return self.normalize(piece) == piece
+    def _plain(self, text: str) -> bool:
+        """Whether every piece of ``text`` between added tokens is UTF-8 and NFC already."""
+        for piece in self.split(text)[::2]:
+            if piece.isascii():
+                continue
+            try:
+                piece.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+            if self.normalize(piece) != piece:
+                return False
+        return True
 
     def encode(self, texts: Sequence[str]) -> list[_Tokens | None]:
-        """Each text's tokens, or None where the backend must encode it. The pieces are encoded
-        on the tiktoken encoder's threads."""
-        layouts: list[list[str] | None] = []
-        pieces: list[str] = []
-        for text in texts:
-            parts = self.split(text)  # text, added token, text, ..., text
-            if text.isascii() or all(map(self._plain, parts[::2])):
-                layouts.append(parts)
-                pieces += filter(None, parts[::2])
-            else:
-                layouts.append(None)
-        encode = self.fast.encoding.encode_ordinary  # pieces are checked: no normalising here
-        return self._assemble(layouts, self.fast.parallel_map(encode, pieces))
+        """Each text's tokens, or None where the backend must encode it."""
+        return self.start(texts)()
 
-    def _assemble(self, layouts: list[list[str] | None],
-                  encoded_pieces: list[list[int]]) -> list[_Tokens | None]:
-        encoded = iter(encoded_pieces)
-        added_ids = self.added_ids
-        ids: list[int] = []  # all texts' ids back to back: one conversion to numpy
-        bounds = [0]
-        for parts in layouts:
-            if parts is not None:
-                for k, part in enumerate(parts):
-                    if k % 2:
-                        ids.append(added_ids[part])
-                    elif part:
-                        ids += next(encoded)
-            bounds.append(len(ids))
-        array = np.array(ids, dtype=np.int32)
+    def start(self, texts: Sequence[str]) -> Callable[[], list[_Tokens | None]]:
+        """``encode``, begun: the texts are encoded on the tiktoken encoder's threads, and the
+        returned function waits for them."""
+        plain = [text.isascii() or self._plain(text) for text in texts]
+        encoded = self.fast.submit_map(self.encode_text, list(itertools.compress(texts, plain)))
+        return lambda: self._assemble(plain, encoded())
+
+    def _assemble(self, plain: list[bool], encoded: list[list[int]]) -> list[_Tokens | None]:
+        bounds = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=bounds[1:])
+        array = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(bounds[-1]))
         ends = np.zeros(len(array) + 1, dtype=np.int64)
         np.cumsum(self.nbytes[array], out=ends[1:])
         starts = ends[bounds].tolist()  # byte offset of each text's first token in the run
-        return [None if parts is None
-                else _Tokens(array[a:b], ends[a + 1 : b + 1] - start)
-                for parts, a, b, start in zip(layouts, bounds, bounds[1:], starts, strict=False)]
+        bounds = bounds.tolist()
+        tokens = iter([_Tokens(array[a:b], ends[a + 1 : b + 1] - start)
+                       for a, b, start in zip(bounds, bounds[1:], starts, strict=False)])
+        return [next(tokens) if ok else None for ok in plain]
 
 
 def _piece_encoder(backend: Tokenizer, fallback: Callable[[str], list[int]]
@@ -529,9 +568,12 @@ def _piece_encoder(backend: Tokenizer, fallback: Callable[[str], list[int]]
     post = backend.post_processor
     if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
         return None  # trimmed offsets are not the tokens' bytes
-    if any(t.lstrip or t.rstrip or t.single_word or t.normalized
-           for t in backend.get_added_tokens_decoder().values()):
+    added = backend.get_added_tokens_decoder().values()
+    if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added):
         return None  # matched around or after normalisation: not a plain split of the text
+    # In sorted order a token that is a prefix of others comes just before one of them.
+    if any(b.startswith(a) for a, b in itertools.pairwise(sorted(t.content for t in added))):
+        return None  # tiktoken's first match at a position may not be the backend's longest
     fast = fast_raw_encoder(backend, fallback)
     return None if fast is None else _PieceEncoder(backend, fast)
 

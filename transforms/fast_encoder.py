@@ -36,7 +36,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -113,24 +113,31 @@ def _ranks(backend: Tokenizer) -> dict[bytes, int]:
     return {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
 
 
-_ENCODING: list = []  # the one tiktoken.Encoding of the proven model, once built
+_RANKS: list[dict[bytes, int]] = []  # the proven model's ranks, once read
+_ENCODINGS: dict[tuple[tuple[str, int], ...], tiktoken.Encoding] = {}  # by special tokens
 _ENCODING_LOCK = threading.Lock()
 
 
-def _qwen2_encoding(backend: Tokenizer) -> tiktoken.Encoding:
-    """tiktoken's encoding of the proven model's ranks, built once per process.
+def qwen2_encoding(backend: Tokenizer, special_tokens: Mapping[str, int] | None = None
+                   ) -> tiktoken.Encoding:
+    """tiktoken's encoding of the proven model's ranks with ``special_tokens`` (none by
+    default), built once per process and set of special tokens.
 
-    Only called for a backend whose BPE model is proven to serialise to ``QWEN2_BPE_SHA256``:
-    the ranks of every such backend are the same, so the first one's serve them all.
+    Only for a backend whose BPE model is proven to serialise to ``QWEN2_BPE_SHA256``: the ranks
+    of every such backend are the same, so the first one's serve them all.
     """
     import tiktoken
 
+    key = tuple(sorted((special_tokens or {}).items()))
     with _ENCODING_LOCK:
-        if not _ENCODING:
-            _ENCODING.append(tiktoken.Encoding("qwen2-offline", pat_str=QWEN2_PATTERN,
-                                               mergeable_ranks=_ranks(backend),
-                                               special_tokens={}))
-        return _ENCODING[0]
+        if key not in _ENCODINGS:
+            if not _RANKS:
+                _RANKS.append(_ranks(backend))
+            _ENCODINGS[key] = tiktoken.Encoding(f"qwen2-offline-{len(_ENCODINGS)}",
+                                                pat_str=QWEN2_PATTERN,
+                                                mergeable_ranks=_RANKS[0],
+                                                special_tokens=dict(key))
+        return _ENCODINGS[key]
 
 
 def _threads() -> int:
@@ -149,7 +156,7 @@ class TiktokenEncoder:
     def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]]):
         self.normalizer = backend.normalizer
         self.fallback = fallback
-        self.encoding = _qwen2_encoding(backend)
+        self.encoding = qwen2_encoding(backend)
         self.threads = _threads()
         self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
@@ -174,18 +181,25 @@ class TiktokenEncoder:
         through its special-token search: 25% slower here.)"""
         return np.asarray(self.encode_one(text), dtype=np.int32)
 
-    def parallel_map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
-        """``encode`` over ``texts`` in order, on the encoder's threads (tiktoken releases the
+    def submit_map(self, encode: Callable[[str], object], texts: Sequence[str]
+                   ) -> Callable[[], list]:
+        """Starts ``encode`` over ``texts`` on the encoder's threads (tiktoken releases the
         GIL): one contiguous slice per thread, of about equal characters (a task per text cost
-        more than small texts take to encode)."""
+        more than small texts take to encode). The returned function waits for the results
+        and gives them in order."""
         if self.pool is None or len(texts) < 2:
-            return list(map(encode, texts))
+            results = list(map(encode, texts))
+            return lambda: results
         ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
         targets = ends[-1] * np.arange(1, self.threads) / self.threads
         cuts = [0, *np.searchsorted(ends, targets, side="right").tolist(), len(texts)]
-        parts = self.pool.map(lambda bounds: list(map(encode, texts[bounds[0]:bounds[1]])),
-                              itertools.pairwise(cuts))
-        return [ids for part in parts for ids in part]
+        parts = [self.pool.submit(lambda a, b: list(map(encode, texts[a:b])), a, b)
+                 for a, b in itertools.pairwise(cuts)]
+        return lambda: [ids for part in parts for ids in part.result()]
+
+    def parallel_map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
+        """``submit_map``, waited for."""
+        return self.submit_map(encode, texts)()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self.parallel_map(self.encode_one, texts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import apache_beam as beam
@@ -27,7 +27,7 @@ from transforms.chat_template import (
     EncodedExample,
     MaskOptions,
     RenderError,
-    encode_conversations,
+    start_encoding,
 )
 from transforms.chunks import Chunk
 from transforms.curation import BranchCuration
@@ -50,7 +50,9 @@ from transforms.steps import (
     TAILS,
     ChunkStep,
     GatherTails,
+    OverlappedStep,
     Part,
+    Started,
     apply_step,
     output_kind,
 )
@@ -260,9 +262,10 @@ class AdaptConversations(ChunkStep):
             yield ConversationChunk(chunk.chunk_id, tuple(kept), tuple(conversations))
 
 
-class EncodeConversations(ChunkStep):
+class EncodeConversations(OverlappedStep):
     """Renders with the chat template, masks the loss to assistant tokens, applies the overflow
-    policy at ``seq_len``."""
+    policy at ``seq_len``. A chunk's tokens are encoded in the background while the next chunk
+    is rendered (``OverlappedStep``)."""
 
     step_name = "encode"
 
@@ -274,10 +277,14 @@ class EncodeConversations(ChunkStep):
         # The process's shared tokenizer: encoding only reads it (no private copy needed).
         self.tokenizer = load_tokenizer(self.tokenizer_spec, self.config.chat_template)
 
-    def run(self, chunk: ConversationChunk) -> Iterator[EncodedChunk]:
+    def start(self, chunk: ConversationChunk) -> Callable[[], list[EncodedExample | RenderError]]:
         config = self.config
-        results = encode_conversations(self.tokenizer, chunk.conversations, config.mask_options,
-                                       config.system_prompt, config.seq_len, config.overflow)
+        return start_encoding(self.tokenizer, chunk.conversations, config.mask_options,
+                              config.system_prompt, config.seq_len, config.overflow)
+
+    def run(self, started: Started) -> Iterator[EncodedChunk]:
+        chunk: ConversationChunk = started.chunk
+        results = started.handle()
         kept, origins = [], []
         for record, result in zip(chunk.records, results, strict=True):
             if isinstance(result, RenderError):
