@@ -63,14 +63,17 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     assert next(stage.process(Part("pretrain", "c0", "blocks", table))).path == data.path
     stage.finish_bundle()  # the files are written in the background until here
     writer = WriteOutputFile(row_group_rows=2)
+    writer.setup()
+    writer.start_bundle()
     out = tmp_path / "out"
     [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"), ((data.path, 1, 3),)))
+    list(writer.process(OutputFile("rejected", str(out / "r.jsonl"), ((bad.path, 0, 1),))))
+    writer.finish_bundle()
     assert info["rows"] == 2
     written = pq.ParquetFile(out / "a.parquet")
     assert written.read().column("input_ids").to_pylist() == [[3, 4], [5, 6]]
     assert written.schema_arrow.field("input_ids").type == pa.list_(pa.int32())
     assert written.metadata.row_group(0).column(0).compression == "ZSTD"
-    list(writer.process(OutputFile("rejected", str(out / "r.jsonl"), ((bad.path, 0, 1),))))
     lines = (out / "r.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
         {"source": "a", "position": 3, "reason": "malformed_json"}
@@ -146,6 +149,9 @@ def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
     assert reconcile_staged([first, second, bad], staging) == [first, second, bad]
     # The order entry stays in staging: output files carry no footer entry of ours.
     out = tmp_path / "out.parquet"
-    list(WriteOutputFile(row_group_rows=8).process(
-        OutputFile("sft", str(out), ((second.path, 0, 2),))))
+    writer = WriteOutputFile(row_group_rows=8)
+    writer.setup()
+    writer.start_bundle()
+    list(writer.process(OutputFile("sft", str(out), ((second.path, 0, 2),))))
+    writer.finish_bundle()
     assert pq.read_schema(out).metadata is None

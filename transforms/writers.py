@@ -21,9 +21,11 @@ import itertools
 import json
 import logging
 import math
+import os
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -47,7 +49,7 @@ JSONL_KINDS = ("rejected", "filtered")
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
 COMPRESSION = "zstd"
 ORDER_KEY = b"beam_pipeline.order"  # staged files' footer entry: [chunk_id, step]
-MAX_PENDING_WRITES = 2  # staged files a StagePart may have in flight
+OUTPUT_WRITE_THREADS = min(os.cpu_count() or 1, 4)  # output files one worker writes at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +97,44 @@ def staged_path(staging_dir: str, part: Part) -> str:
     return FileSystems.join(staging_dir, part.kind, f"{digest}.parquet")
 
 
-class StagePart(beam.DoFn):
+class BackgroundWriter(beam.DoFn):
+    """A DoFn whose file writes run on background threads (Arrow reads, encodes and compresses
+    outside the GIL) while the main thread goes on with the next element.
+
+    At most ``limit`` writes are in flight. A bundle ends only when its writes are done, so a
+    failed write fails the bundle, and nothing reads the files before their bundle ends; the
+    writes a failed bundle left behind finish before the next bundle writes.
+    """
+
+    threads = 1
+    limit = 2
+
+    def setup(self) -> None:
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix=type(self).__name__)
+        self.pending: collections.deque[Future] = collections.deque()
+
+    def teardown(self) -> None:
+        self.pool.shutdown()
+
+    def start_bundle(self) -> None:
+        wait(self.pending)  # a failed bundle's leftovers; their errors failed it already
+        self.pending.clear()
+
+    def finish_bundle(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
+
+    def write(self, function: Callable[..., None], *args: Any) -> None:
+        while len(self.pending) >= self.limit:  # bounds the data held in memory
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(function, *args))
+
+
+class StagePart(BackgroundWriter):
     """Writes one part to its staging file; the same part always lands in the same file.
 
     Parts of the ``skip`` kinds are counted by their steps but not written. Files are written
-    on a background thread (Arrow encodes and compresses outside the GIL) while the steps fused
-    before this one make the next part; the bundle ends only when its files are all written, so
-    a failed write fails the bundle, and nothing reads staged files before their bundle ends.
+    in the background while the steps fused before this one make the next part.
     """
 
     def __init__(self, staging_dir: str, skip: Sequence[str] = ()):
@@ -109,18 +142,8 @@ class StagePart(beam.DoFn):
         self.skip = frozenset(skip)
 
     def setup(self) -> None:
+        super().setup()
         self.progress = Progress("staged")
-        self.writer = ThreadPoolExecutor(1, thread_name_prefix="stage-part")
-
-    def teardown(self) -> None:
-        self.writer.shutdown()
-
-    def start_bundle(self) -> None:
-        self.pending: collections.deque[Future] = collections.deque()
-
-    def finish_bundle(self) -> None:
-        while self.pending:
-            self.pending.popleft().result()
 
     def process(self, part: Part) -> Iterator[StagedFile]:
         if part.kind in self.skip:
@@ -128,9 +151,7 @@ class StagePart(beam.DoFn):
         path = staged_path(self.staging_dir, part)
         order = json.dumps([part.chunk_id, part.step]).encode("utf-8")
         table = part.table.replace_schema_metadata({ORDER_KEY: order})
-        while len(self.pending) >= MAX_PENDING_WRITES:  # bounds the parts held in memory
-            self.pending.popleft().result()
-        self.pending.append(self.writer.submit(_write_staged, path, table))
+        self.write(_write_staged, path, table)
         self.progress.add(part.kind, part.table.num_rows)
         yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
                          part.table.nbytes)
@@ -199,17 +220,17 @@ def _read_staged(path: str) -> pa.Table:
         return pq.read_table(pa.BufferReader(handle.read())).replace_schema_metadata(None)
 
 
-class WriteOutputFile(beam.DoFn):
-    """Streams the planned slices of staged files into one output file."""
+class WriteOutputFile(BackgroundWriter):
+    """Streams the planned slices of staged files into one output file; several files are
+    written at once, in the background."""
+
+    threads = limit = OUTPUT_WRITE_THREADS
 
     def __init__(self, row_group_rows: int):
         self.row_group_rows = row_group_rows
 
     def process(self, plan: OutputFile) -> Iterator[dict]:
-        if plan.kind in PARQUET_KINDS:
-            self._write_parquet(plan)
-        else:
-            self._write_jsonl(plan)
+        self.write(self._write_parquet if plan.kind in PARQUET_KINDS else self._write_jsonl, plan)
         yield {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
 
     def _slices(self, plan: OutputFile) -> Iterator[pa.Table]:
