@@ -627,8 +627,8 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
 
 def test_texts_that_normalisation_changes_go_to_the_backend(toks):
     pieces = chat_template._backend_tools(toks["chatml"].backend_tokenizer).pieces
-    assert pieces.encode(["<|im_start|>cafe\u0301<|im_end|>"]) == [None]
-    (tokens,) = pieces.encode(["<|im_start|>caf\u00e9<|im_end|>\n"])
+    assert pieces.start(["<|im_start|>cafe\u0301<|im_end|>"])() == [None]
+    (tokens,) = pieces.start(["<|im_start|>caf\u00e9<|im_end|>\n"])()
     assert tokens.ends[-1] == len("<|im_start|>caf\u00e9<|im_end|>\n".encode())
 
 

@@ -184,23 +184,9 @@ class _RenderTimeout(BaseException):  # not an Exception: no handler may swallow
     """Raised inside the rendering thread by the watchdog; caught only by ``_Encoder._render``."""
 
 
-def encode_conversations(
-    tok: PreTrainedTokenizerBase,
-    conversations: Sequence[Conversation],
-    options: MaskOptions,
-    system_prompt: str | None = None,
-    max_tokens: int | None = None,
-    overflow: str = "drop",
-) -> list[EncodedExample | RenderError]:
-    """Render, tokenize and mask a batch of conversations; one result per input, in order.
-
-    ``system_prompt`` is prepended as a system message to conversations that have none.
-    Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
-    One bad record cannot fail the batch: rendering is per conversation and each failure is a
-    ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
-    plain text by a private copy of its backend.
-    """
-    return start_encoding(tok, conversations, options, system_prompt, max_tokens, overflow)()
+def encode_conversations(*args: Any, **kwargs: Any) -> list[EncodedExample | RenderError]:
+    """``start_encoding``'s results, waited for: one per conversation, in order."""
+    return start_encoding(*args, **kwargs)()
 
 
 def start_encoding(
@@ -211,11 +197,18 @@ def start_encoding(
     max_tokens: int | None = None,
     overflow: str = "drop",
 ) -> Callable[[], list[EncodedExample | RenderError]]:
-    """``encode_conversations``, begun: the conversations are rendered now and their tokens
-    encoded in the background (where the tokenizer allows); the returned function finishes.
+    """Render, tokenize and mask a batch of conversations; the returned function gives one
+    result per input, in order.
 
-    Between the two the caller's thread is free for other work, such as rendering the next
-    batch, while the encoder's threads run outside the GIL.
+    The conversations are rendered now and their tokens encoded in the background (where the
+    tokenizer allows), so between the two the caller's thread is free for other work, such as
+    rendering the next batch, while the encoder's threads run outside the GIL.
+
+    ``system_prompt`` is prepended as a system message to conversations that have none.
+    Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
+    One bad record cannot fail the batch: rendering is per conversation and each failure is a
+    ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
+    plain text by a private copy of its backend.
     """
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
@@ -535,13 +528,9 @@ class _PieceEncoder:
                 return False
         return True
 
-    def encode(self, texts: Sequence[str]) -> list[_Tokens | None]:
-        """Each text's tokens, or None where the backend must encode it."""
-        return self.start(texts)()
-
     def start(self, texts: Sequence[str]) -> Callable[[], list[_Tokens | None]]:
-        """``encode``, begun: the texts are encoded on the tiktoken encoder's threads, and the
-        returned function waits for them."""
+        """Starts encoding the texts on the tiktoken encoder's threads; the returned function
+        waits and gives each text's tokens, or None where the backend must encode it."""
         plain = [text.isascii() or self._plain(text) for text in texts]
         encoded = self.fast.submit_map(self.encode_text, list(itertools.compress(texts, plain)))
         return lambda: self._assemble(plain, encoded())
