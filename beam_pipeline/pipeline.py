@@ -18,6 +18,13 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     _BeamArgumentParser,
 )
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.runners.portability.fn_api_runner.fn_runner import (
+    ExtendedProvisionInfo,
+    FnApiRunner,
+)
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
+from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline.options import (
     DESCRIPTION,
@@ -66,6 +73,11 @@ BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP, curation.GROUP)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+# Beam's DirectRunner first tries the Prism runner, downloading its binary from GitHub. Prism
+# ignores --direct_running_mode, and offline the attempt costs half a second before Beam falls
+# back to the FnApiRunner; these names go to the FnApiRunner directly (--runner=PrismRunner
+# still chooses Prism).
+FN_API_RUNNERS = ("DirectRunner", "SwitchingDirectRunner")
 
 
 def tail_buckets(shards: Sequence[ShardSpec]) -> int:
@@ -236,12 +248,22 @@ def run(argv: Sequence[str]) -> PrepConfig:
     return execute(prepare(argv))
 
 
+def local_runner(plan: Plan) -> PipelineRunner | None:
+    """The FnApiRunner for the DirectRunner's names, as Beam's DirectRunner builds it when it
+    falls back from Prism (the options reach subprocess workers); None lets Beam choose."""
+    if plan.runner not in FN_API_RUNNERS:
+        return None
+    options = JobServiceHandle.encode_pipeline_options(plan.options.get_all_options())
+    return FnApiRunner(provision_info=ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=options)))
+
+
 def execute(plan: Plan) -> PrepConfig:
     """Builds and runs the graph; on a local runner waits and prints the summary."""
     cfg = plan.config
     LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
              len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
-    pipeline = beam.Pipeline(options=plan.options)
+    pipeline = beam.Pipeline(runner=local_runner(plan), options=plan.options)
     if plan.phases[0].name is None:
         build_graph(pipeline, cfg, plan.phases[0].shards, plan.facts)
     else:

@@ -224,3 +224,15 @@ def test_multi_processing_writes_the_same_rows(in_memory, tmp_path):
         sorted((output / "rejected").glob("*")), sorted((other / "rejected").glob("*")), strict=True
     ):
         assert mine.read_text() == theirs.read_text()
+
+
+def test_the_direct_runner_goes_straight_to_the_fn_api_runner(tmp_path, monkeypatch):
+    """Beam's DirectRunner would first try Prism (a binary downloaded from GitHub, which
+    ignores --direct_running_mode) and fall back quietly when that fails."""
+    from apache_beam.runners.portability.prism_runner import PrismRunner
+
+    tried = []
+    monkeypatch.setattr(PrismRunner, "run_pipeline", lambda *args: tried.append(args))
+    run([f"--input={EXAMPLES}/c4_sample.jsonl", f"--output={tmp_path}", "--block_size=256"])
+    assert not tried
+    assert json.loads((tmp_path / "manifest.json").read_text())["records"]["read"] > 0
