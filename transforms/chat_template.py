@@ -87,7 +87,15 @@ from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from transforms.adapters import Conversation
-from transforms.fast_encoder import TiktokenEncoder, fast_raw_encoder, qwen2_encoding
+from transforms.fast_encoder import (
+    SEPARATOR,
+    SEPARATOR_ID,
+    TiktokenEncoder,
+    encode_joined,
+    fast_raw_encoder,
+    joinable,
+    qwen2_encoding,
+)
 from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG, strings_in
 from transforms.tokenizer import private_backend
 
@@ -492,12 +500,12 @@ class _PieceEncoder:
     own (normalised, pre-tokenised, BPE); no merge ever crosses an added token. Where the backend
     is the offline Qwen2 tokenizer (``fast_raw_encoder`` proves it, and ``_piece_encoder`` that
     every added token is matched as written, without stripping, and is no prefix of another),
-    tiktoken does the same in one call per text, with the added tokens as its special tokens: it
-    takes the first token that matches at a position, the backend the longest, and with no token
-    a prefix of another they are the same. A piece that normalisation would change (not NFC) or
-    that cannot be UTF-8 (lone surrogates) sends its whole text back to the backend, so byte
-    offsets are always offsets into the text itself; token ends are cumulative byte lengths of
-    the tokens.
+    tiktoken does the same with the added tokens as its special tokens: it takes the first token
+    that matches at a position, the backend the longest, and with no token a prefix of another
+    they are the same. It encodes a thread's share of the texts in one call (``encode_joined``).
+    A piece that normalisation would change (not NFC) or that cannot be UTF-8 (lone surrogates)
+    sends its whole text back to the backend, so byte offsets are always offsets into the text
+    itself; token ends are cumulative byte lengths of the tokens.
     """
 
     def __init__(self, backend: Tokenizer, fast: TiktokenEncoder) -> None:
@@ -506,8 +514,9 @@ class _PieceEncoder:
         added = backend.get_added_tokens_decoder()
         added_ids = {token.content: i for i, token in added.items()}
         self.split = re.compile(f"({_alternation(tuple(added_ids)).pattern})").split
-        self.encode_text = functools.partial(qwen2_encoding(backend, added_ids).encode,
-                                             allowed_special="all")
+        self.encoding = qwen2_encoding(backend, added_ids)
+        self.joined = (qwen2_encoding(backend, {**added_ids, SEPARATOR: SEPARATOR_ID})
+                       if joinable(added_ids) else None)
         vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
         self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
         self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
@@ -532,13 +541,23 @@ class _PieceEncoder:
         """Starts encoding the texts on the tiktoken encoder's threads; the returned function
         waits and gives each text's tokens, or None where the backend must encode it."""
         plain = [text.isascii() or self._plain(text) for text in texts]
-        encoded = self.fast.submit_map(self.encode_text, list(itertools.compress(texts, plain)))
+        encoded = self.fast.submit_slices(self._encode_slice,
+                                          list(itertools.compress(texts, plain)))
         return lambda: self._assemble(plain, encoded())
 
-    def _assemble(self, plain: list[bool], encoded: list[list[int]]) -> list[_Tokens | None]:
+    def _encode_slice(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids, in one tiktoken call where ``encode_joined`` can make it."""
+        found = encode_joined(self.joined, texts) if self.joined is not None else None
+        if found is None:
+            found = [self.encoding.encode_to_numpy(text, allowed_special="all")
+                     for text in texts]
+        return found
+
+    def _assemble(self, plain: list[bool], encoded: list[np.ndarray]) -> list[_Tokens | None]:
         bounds = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=bounds[1:])
-        array = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(bounds[-1]))
+        array = (np.concatenate(encoded).astype(np.int32, copy=False) if encoded
+                 else np.empty(0, dtype=np.int32))
         ends = np.zeros(len(array) + 1, dtype=np.int64)
         np.cumsum(self.nbytes[array], out=ends[1:])
         starts = ends[bounds].tolist()  # byte offset of each text's first token in the run

@@ -36,7 +36,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -113,6 +113,10 @@ def _ranks(backend: Tokenizer) -> dict[bytes, int]:
     return {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
 
 
+# Joins texts for ``encode_joined``: a special token no other contains a part of (NUL), with an
+# id far above any vocabulary's.
+SEPARATOR = "\0<|text boundary|>\0"
+SEPARATOR_ID = 1 << 30
 _RANKS: list[dict[bytes, int]] = []  # the proven model's ranks, once read
 _ENCODINGS: dict[tuple[tuple[str, int], ...], tiktoken.Encoding] = {}  # by special tokens
 _ENCODING_LOCK = threading.Lock()
@@ -140,6 +144,35 @@ def qwen2_encoding(backend: Tokenizer, special_tokens: Mapping[str, int] | None 
         return _ENCODINGS[key]
 
 
+def joinable(special_tokens: Iterable[str]) -> bool:
+    """Whether ``encode_joined`` is exact with these special tokens (none contains NUL)."""
+    return not any("\0" in token for token in special_tokens)
+
+
+def encode_joined(encoding: tiktoken.Encoding, texts: Sequence[str]) -> list[np.ndarray] | None:
+    """Each text's int32 ids, from one tiktoken call over the texts joined with ``SEPARATOR``
+    (a special token of ``encoding``); None if a text contains ``SEPARATOR``.
+
+    One call releases the GIL once: a call per text waits for the GIL after each text, up to
+    the interpreter's switch interval (5 ms) while the main thread runs Python, which made
+    background encoding many times slower than the encoding itself. The ids are exactly each
+    text's own: tiktoken encodes the text between two special-token matches on its own, and
+    ``SEPARATOR`` starts and ends with NUL, which no other special token of ``encoding``
+    contains (``joinable``), so no other match can overlap it and every ``SEPARATOR_ID`` in the
+    result is a separator unless a text holds ``SEPARATOR`` itself, which the count shows.
+    """
+    if not texts:
+        return []
+    ids = encoding.encode_to_numpy(SEPARATOR.join(texts), allowed_special="all")
+    cuts = np.flatnonzero(ids == SEPARATOR_ID)
+    if len(cuts) != max(len(texts) - 1, 0):
+        return None
+    values = ids.astype(np.int32)
+    starts = [0, *(cuts + 1).tolist()]
+    ends = [*cuts.tolist(), len(values)]
+    return [values[a:b] for a, b in zip(starts, ends, strict=True)]
+
+
 def _threads() -> int:
     """Like the backend's batch calls: all cores unless ``TOKENIZERS_PARALLELISM`` is off."""
     setting = os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower()
@@ -157,6 +190,7 @@ class TiktokenEncoder:
         self.normalizer = backend.normalizer
         self.fallback = fallback
         self.encoding = qwen2_encoding(backend)
+        self.joined = qwen2_encoding(backend, {SEPARATOR: SEPARATOR_ID})
         self.threads = _threads()
         self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
@@ -176,36 +210,37 @@ class TiktokenEncoder:
             return self.fallback(text)
         return self.encoding.encode_ordinary(normalized)
 
-    def encode_array(self, text: str) -> np.ndarray:
-        """``encode_one`` as int32. (tiktoken's ``encode_to_numpy`` skips the list but goes
-        through its special-token search: 25% slower here.)"""
-        return np.asarray(self.encode_one(text), dtype=np.int32)
-
-    def submit_map(self, encode: Callable[[str], object], texts: Sequence[str]
-                   ) -> Callable[[], list]:
-        """Starts ``encode`` over ``texts`` on the encoder's threads (tiktoken releases the
-        GIL): one contiguous slice per thread, of about equal characters (a task per text cost
-        more than small texts take to encode). The returned function waits for the results
-        and gives them in order."""
-        if self.pool is None or len(texts) < 2:
-            results = list(map(encode, texts))
+    def submit_slices(self, encode: Callable[[Sequence[str]], list], texts: Sequence[str],
+                      parallel: bool = True) -> Callable[[], list]:
+        """Starts ``encode`` (texts to one result each) on the encoder's threads, one contiguous
+        slice of about equal characters per thread (``parallel=False``: one slice, encoded
+        here). The returned function waits for the results and gives them in order."""
+        if self.pool is None or not parallel or len(texts) < 2:
+            results = encode(texts)
             return lambda: results
         ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
         targets = ends[-1] * np.arange(1, self.threads) / self.threads
         cuts = [0, *np.searchsorted(ends, targets, side="right").tolist(), len(texts)]
-        parts = [self.pool.submit(lambda a, b: list(map(encode, texts[a:b])), a, b)
-                 for a, b in itertools.pairwise(cuts)]
-        return lambda: [ids for part in parts for ids in part.result()]
-
-    def parallel_map(self, encode: Callable[[str], object], texts: Sequence[str]) -> list:
-        """``submit_map``, waited for."""
-        return self.submit_map(encode, texts)()
+        parts = [self.pool.submit(encode, texts[a:b]) for a, b in itertools.pairwise(cuts)]
+        return lambda: [result for part in parts for result in part.result()]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.parallel_map(self.encode_one, texts)
+        return self.submit_slices(lambda part: list(map(self.encode_one, part)), texts)()
 
-    def encode_arrays(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
-        return tuple(self.parallel_map(self.encode_array, texts))
+    def encode_arrays(self, texts: Sequence[str], parallel: bool = True
+                      ) -> tuple[np.ndarray, ...]:
+        """int32 ids per text, from one tiktoken call per thread (``encode_joined``)."""
+        return tuple(self.submit_slices(self._encode_slice, texts, parallel)())
+
+    def _encode_slice(self, texts: Sequence[str]) -> list[np.ndarray]:
+        normalized = list(map(self._normalized, texts))
+        if None in normalized:  # lone surrogates: the backend raises as it would have
+            return [np.asarray(self.encode_one(text), dtype=np.int32) for text in texts]
+        found = encode_joined(self.joined, normalized)
+        if found is None:
+            return [np.asarray(self.encoding.encode_ordinary(text), dtype=np.int32)
+                    for text in normalized]
+        return found
 
     def close(self) -> None:
         if self.pool is not None:
