@@ -71,6 +71,7 @@ MIB = 1024 * 1024
 OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions, CurationOptions)
 BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP, curation.GROUP)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
+TOKEN_CACHE = "token-cache"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # Beam's DirectRunner first tries the Prism runner, downloading its binary from GitHub. Prism
@@ -85,6 +86,13 @@ def tail_buckets(shards: Sequence[ShardSpec]) -> int:
     return max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET))
 
 
+def token_cache_dir(cfg: PrepConfig) -> str | None:
+    """Where deduplication's first pass leaves token ids for the main pass (None without it)."""
+    if cfg.knowledge.dedup.mode == "none":
+        return None
+    return FileSystems.join(cfg.output, STAGING_DIR, TOKEN_CACHE)
+
+
 def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
                          shards: Sequence[ShardSpec]) -> beam.PCollection | None:
     """Deduplication's first pass: a second read of the inputs that keeps only small keys per
@@ -92,7 +100,8 @@ def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
     if cfg.knowledge.dedup.mode == "none":
         return None
     return p | "FindDuplicateDocuments" >> FindDuplicateDocuments(
-        shards, cfg.inputs, cfg.chunk_records, cfg.max_record_mb * MIB, cfg.knowledge)
+        shards, cfg.inputs, cfg.chunk_records, cfg.max_record_mb * MIB, cfg.knowledge,
+        cfg.tokenizer, token_cache_dir(cfg))
 
 
 def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
@@ -104,7 +113,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     buckets = tail_buckets(shards)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
         cfg.tokenizer, cfg.knowledge, buckets, knowledge_duplicates(p, cfg, shards),
-        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs))
+        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs), token_cache_dir(cfg))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(

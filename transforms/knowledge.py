@@ -15,6 +15,9 @@ chunk); the main pass drops the copies it names, chunk by chunk, with that small
 ``DuplicateIndex`` as a side input. The documents themselves are never shuffled, and no read is
 shared between the passes, so Beam never has to keep a pass's chunks while the index is built:
 the main read is fused with the steps after the side input and runs once the index is ready.
+The first pass also tokenizes the documents it keys, on a background thread, and leaves their
+ids in the staging directory by text hash (``transforms.token_cache``): that pass keeps one
+core busy with Python, so the other does the tokenizing, and the main pass only reads the ids.
 """
 
 from __future__ import annotations
@@ -86,7 +89,9 @@ from transforms.steps import (
     apply_step,
     output_kind,
 )
+from transforms.token_cache import cache_path, lookup, read_tokens, write_tokens
 from transforms.tokenizer import end_of_text_id, load_tokenizer, private_backend
+from transforms.writers import BackgroundWriter
 
 PRETRAIN = "pretrain"
 FILTERED = "filtered"
@@ -315,29 +320,39 @@ class DropDuplicates(DocumentStep):
 # --------------------------------------------------------------------------- deduplication
 
 
-class KeyDocuments(beam.DoFn):
+class KeyDocuments(BackgroundWriter):
     """Pass one of deduplication: the small keys of each document the main pass would keep.
 
     It repeats the main pass's decisions with the same pure functions (``classify``,
-    ``normalize_text``, the quality rules), but counts nothing: the main pass does that.
+    ``normalize_text``, the quality rules), but counts nothing: the main pass does that. With a
+    ``token_cache`` directory it also tokenizes those documents in the background, on the core
+    this pass leaves idle, for the main pass to reuse (``transforms.token_cache``).
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
-                 files: Sequence[str]):
+                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
         self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
 
     def setup(self) -> None:
+        super().setup()
         dedup_config = self.config.dedup
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
     def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
-        keys = tuple(filter(None, map(self.keys, chunk.records)))
-        if keys:
-            yield keys  # one element per chunk: a shuffled element costs more than its keys
+        kept = [found for found in map(self.keys, chunk.records) if found is not None]
+        if not kept:
+            return
+        if self.token_cache is not None:
+            self.write(self._cache_tokens, cache_path(self.token_cache, chunk.chunk_id),
+                       [keys.content for keys, _ in kept], [text for _, text in kept])
+        yield tuple(keys for keys, _ in kept)  # one element per chunk: cheaper to shuffle
 
-    def keys(self, record: Record) -> DocumentKeys | None:
+    def keys(self, record: Record) -> tuple[DocumentKeys, str] | None:
+        """The document's keys and normalised text, or None if the main pass drops it."""
         routed = classify(record, self.specs[record.input_index])
         if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
             return None
@@ -350,7 +365,10 @@ class KeyDocuments(beam.DoFn):
         if self.config.quality is not None and first_failure(stats, self.config.quality):
             return None
         return document_keys(record_key(record, self.file_numbers), stats, self.config.dedup,
-                             self.hasher)
+                             self.hasher), text
+
+    def _cache_tokens(self, path: str, digests: list[bytes], texts: list[str]) -> None:
+        write_tokens(path, digests, raw_text_encoder(self.tokenizer).encode(texts, parallel=False))
 
 
 def key_buckets(shards: int) -> int:
@@ -363,7 +381,8 @@ class FindDuplicateDocuments(beam.PTransform):
     one dict of the record keys to drop."""
 
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
-                 chunk_records: int, max_record_bytes: int, config: KnowledgeConfig):
+                 chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
+                 tokenizer: str, token_cache: str | None = None):
         super().__init__()
         instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
         self.shards = [shard for shard in shards if shard.input_index not in instruction_only]
@@ -371,13 +390,16 @@ class FindDuplicateDocuments(beam.PTransform):
         self.chunk_records = chunk_records
         self.max_record_bytes = max_record_bytes
         self.config = config
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
 
     def expand(self, pbegin):
         files = DuplicateIndex.numbering(shard.path for shard in self.shards)
         return (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
-            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files))
+            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
+                                                        self.tokenizer, self.token_cache))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
                                                  key_buckets(len(self.shards)))
             | "Index" >> beam.Map(lambda drops: DuplicateIndex(files, drops)))
@@ -414,9 +436,11 @@ class RawTextEncoder:
     def _encode_with_backend(self, text: str) -> list[int]:
         return self.backend.encode_batch_fast([text], add_special_tokens=True)[0].ids
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, ...]:
+    def encode(self, texts: list[str], parallel: bool = True) -> tuple[np.ndarray, ...]:
+        """Ids per text; ``parallel=False`` keeps tiktoken on the calling thread (a caller
+        that runs beside busy Python on the main thread should take one core, not all)."""
         if self.fast is not None:
-            return self.fast.encode_arrays(texts)
+            return self.fast.encode_arrays(texts, parallel)
         encodings = self.backend.encode_batch_fast(texts, add_special_tokens=True)
         return tuple(np.asarray(encoding.ids[:self.end], dtype=np.int32)
                      for encoding in encodings)
@@ -454,24 +478,36 @@ class TokenizedChunk(Chunk):
 
 class TokenizeDocuments(OverlappedStep):
     """Tokenizes a chunk's documents in one batch; reports their lengths. The batch is encoded
-    in the background while the steps before prepare the next chunk (``OverlappedStep``)."""
+    in the background while the steps before prepare the next chunk (``OverlappedStep``), and
+    only for documents whose ids deduplication's first pass did not leave in ``token_cache``.
+    """
 
     step_name = "tokenize"
 
-    def __init__(self, tokenizer: str):
+    def __init__(self, tokenizer: str, token_cache: str | None = None):
         self.tokenizer_spec = tokenizer
+        self.token_cache = token_cache
 
     def setup(self) -> None:
         self.background = ThreadPoolExecutor(1)
-        self.encoder: RawTextEncoder | None = None  # made on first use (see start)
 
     def teardown(self) -> None:
         self.background.shutdown()
 
     def start(self, chunk: RecordChunk) -> Future:
-        if self.encoder is None:  # a run without documents need not prove and build one
-            self.encoder = raw_text_encoder(self.tokenizer_spec)
-        return self.background.submit(self.encoder.encode, document_texts(chunk))
+        return self.background.submit(self.tokens, chunk)
+
+    def tokens(self, chunk: RecordChunk) -> tuple[np.ndarray, ...]:
+        texts = document_texts(chunk)
+        cached = (read_tokens(cache_path(self.token_cache, chunk.chunk_id))
+                  if self.token_cache is not None else {})
+        found = lookup(cached, texts)
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:  # the encoder is made on first use: a run may never need one
+            encoded = raw_text_encoder(self.tokenizer_spec).encode([texts[i] for i in missing])
+            for i, ids in zip(missing, encoded, strict=True):
+                found[i] = ids
+        return tuple(found)
 
     def run(self, started: Started) -> Iterator[Any]:
         chunk = started.chunk
@@ -580,9 +616,10 @@ class KnowledgeBranch(beam.PTransform):
 
     def __init__(self, tokenizer: str, config: KnowledgeConfig, tail_buckets: int,
                  duplicates: beam.PCollection | None = None,
-                 curation: BranchCuration | None = None):
+                 curation: BranchCuration | None = None, token_cache: str | None = None):
         super().__init__()
         self.tokenizer = tokenizer
+        self.token_cache = token_cache
         self.config = config
         self.tail_buckets = tail_buckets
         self.duplicates = duplicates
@@ -607,8 +644,8 @@ class KnowledgeBranch(beam.PTransform):
             steps.append(apply_step(documents, "Decontaminate",
                                     Decontaminate(curation.decontam, KNOWLEDGE, document_texts)))
             documents = steps[-1].main
-        tokenized = apply_step(documents, "Tokenize", TokenizeDocuments(self.tokenizer),
-                               LENGTH_RANGE)
+        tokenized = apply_step(documents, "Tokenize",
+                               TokenizeDocuments(self.tokenizer, self.token_cache), LENGTH_RANGE)
         tokens = tokenized.main
         if curation.validation:
             steps.append(tokens | "SplitValidation" >> SplitOff(curation.validation,

@@ -1,0 +1,81 @@
+"""Token ids from deduplication's first pass, reused by the main pass: found by text hash only,
+never trusted by position, and the run's output is the same with or without them."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from beam_pipeline.pipeline import run
+from tests.conftest import SHARED_DATA
+from transforms import knowledge
+from transforms.knowledge import RawTextEncoder, TokenizeDocuments, raw_text_encoder
+from transforms.quality import text_hash
+from transforms.records import Record, RecordChunk
+from transforms.token_cache import cache_path, lookup, read_tokens, write_tokens
+from transforms.tokenizer import DEFAULT_TOKENIZER
+
+C4 = SHARED_DATA / "pretrain" / "llamafactory_c4_demo.jsonl"
+
+
+def test_ids_round_trip_by_text_hash(tmp_path):
+    texts = ["first document", "", "第二"]
+    arrays = [np.array([5, 6, 7], np.int32), np.empty(0, np.int32), np.array([9], np.int32)]
+    path = cache_path(str(tmp_path / "cache"), "chunk-0")
+    write_tokens(path, [text_hash(t) for t in texts], arrays)
+    found = lookup(read_tokens(path), [*texts, "not cached"])
+    assert [a.tolist() for a in found[:3]] == [[5, 6, 7], [], [9]]
+    assert found[3] is None
+    assert read_tokens(cache_path(str(tmp_path / "cache"), "other chunk")) == {}
+
+
+def test_the_main_pass_takes_cached_ids_by_hash_and_encodes_the_rest(tmp_path):
+    cached, fresh = "A document the first pass tokenized.", "One it did not see."
+    cache = str(tmp_path / "cache")
+    # Ids no encoder would give for this text, to show they were taken from the file.
+    write_tokens(cache_path(cache, "c0"), [text_hash(cached)], [np.array([1, 2, 3], np.int32)])
+    step = TokenizeDocuments(DEFAULT_TOKENIZER, cache)
+    step.setup()
+    try:
+        chunk = RecordChunk("c0", (Record("s", 0, 0, cached), Record("s", 1, 0, fresh)))
+        ids = step.tokens(chunk)
+    finally:
+        step.teardown()
+    assert ids[0].tolist() == [1, 2, 3]
+    assert ids[1].tolist() == raw_text_encoder(DEFAULT_TOKENIZER).encode([fresh])[0].tolist()
+
+
+def _run(output, *extra):
+    run([f"--input={C4}", f"--output={output}", "--block_size=256", "--chunk_records=64",
+         "--direct_running_mode=in_memory", *extra])
+    return pq.read_table(output / "pretrain")
+
+
+@pytest.fixture
+def encode_calls(monkeypatch):
+    """(texts, parallel) of every call to the knowledge encoder."""
+    calls = []
+    original = RawTextEncoder.encode
+
+    def recorded(self, texts, parallel=True):
+        calls.append((len(texts), parallel))
+        return original(self, texts, parallel)
+
+    monkeypatch.setattr(RawTextEncoder, "encode", recorded)
+    return calls
+
+
+def test_with_deduplication_the_main_pass_encodes_nothing_and_rows_are_unchanged(
+        tmp_path, encode_calls, monkeypatch):
+    rows = _run(tmp_path / "cached")
+    # Only the first pass encoded (on its one background thread), and every document it kept.
+    assert encode_calls and all(parallel is False for _, parallel in encode_calls)
+    assert not (tmp_path / "cached" / ".staging").exists()
+    encode_calls.clear()
+    monkeypatch.setattr(knowledge, "read_tokens", lambda path: {})  # no file found
+    assert _run(tmp_path / "uncached").equals(rows)
+    assert any(parallel for _, parallel in encode_calls)  # the main pass encoded
+
+
+def test_without_deduplication_there_is_no_first_pass_to_reuse(tmp_path, encode_calls):
+    _run(tmp_path / "plain", "--dedup=none")
+    assert encode_calls and all(parallel for _, parallel in encode_calls)
