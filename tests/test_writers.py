@@ -15,6 +15,7 @@ from transforms.writers import (
     plan_output_files,
     prepare_output_dir,
     reconcile_staged,
+    write_arrow,
 )
 
 
@@ -141,6 +142,8 @@ def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
     [second] = stage.process(Part("sft", "c1", "pack", table.slice(0, 2)))
     [bad] = stage.process(Part("rejected", "c1", "validate", pa.table({"reason": ["x"]})))
     stage.finish_bundle()
+    # Other files under staging (the first pass's token ids) are not output parts.
+    write_arrow(f"{staging}/token-cache/c0.arrow", pa.table({"tokens": [[1, 2]]}))
     found = reconcile_staged([first], staging)
     assert found[0] == first
     recovered = sorted(found[1:], key=lambda f: f.path)

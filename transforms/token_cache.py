@@ -19,6 +19,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.quality import text_hash
+from transforms.writers import read_arrow, write_arrow
 
 _DIGEST = pa.binary(16)
 
@@ -34,18 +35,16 @@ def write_tokens(path: str, digests: Sequence[bytes], arrays: Sequence[np.ndarra
     offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int32)
-    table = pa.table({"digest": pa.array(digests, _DIGEST),
-                      "tokens": pa.ListArray.from_arrays(offsets, values.astype(np.int32))})
-    with FileSystems.create(path) as handle, pa.ipc.new_file(handle, table.schema) as writer:
-        writer.write_table(table)
+    write_arrow(path, pa.table({
+        "digest": pa.array(digests, _DIGEST),
+        "tokens": pa.ListArray.from_arrays(offsets, values.astype(np.int32))}))
 
 
 def read_tokens(path: str) -> dict[bytes, np.ndarray]:
     """The file's ids by text hash; empty when there is no file."""
     if not FileSystems.exists(path):
         return {}
-    with FileSystems.open(path) as handle:
-        table = pa.ipc.open_file(pa.BufferReader(handle.read())).read_all()
+    table = read_arrow(path)
     tokens = table.column("tokens").combine_chunks()
     values = tokens.values.to_numpy()
     offsets = tokens.offsets.to_numpy()

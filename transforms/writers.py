@@ -48,7 +48,11 @@ PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once
 JSONL_KINDS = ("rejected", "filtered")
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
 COMPRESSION = "zstd"
-ORDER_KEY = b"beam_pipeline.order"  # staged files' footer entry: [chunk_id, step]
+# Staged files are Arrow IPC with zstd buffers: about 5x faster to write and 8x to read than
+# Parquet here (no page encoding), and no larger. Only the outputs need to be Parquet.
+STAGED_SUFFIX = ".arrow"
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
+ORDER_KEY = b"beam_pipeline.order"  # staged files' schema metadata: [chunk_id, step]
 OUTPUT_WRITE_THREADS = min(os.cpu_count() or 1, 4)  # output files one worker writes at once
 
 
@@ -94,7 +98,7 @@ class Progress:
 
 def staged_path(staging_dir: str, part: Part) -> str:
     digest = hashlib.sha256(f"{part.chunk_id}\0{part.step}".encode()).hexdigest()[:24]
-    return FileSystems.join(staging_dir, part.kind, f"{digest}.parquet")
+    return FileSystems.join(staging_dir, part.kind, f"{digest}{STAGED_SUFFIX}")
 
 
 class BackgroundWriter(beam.DoFn):
@@ -151,37 +155,42 @@ class StagePart(BackgroundWriter):
         path = staged_path(self.staging_dir, part)
         order = json.dumps([part.chunk_id, part.step]).encode("utf-8")
         table = part.table.replace_schema_metadata({ORDER_KEY: order})
-        self.write(_write_staged, path, table)
+        self.write(write_arrow, path, table)
         self.progress.add(part.kind, part.table.num_rows)
         yield StagedFile(part.kind, (part.chunk_id, part.step), path, part.table.num_rows,
                          part.table.nbytes)
 
 
-def _write_staged(path: str, table: pa.Table) -> None:
-    with FileSystems.create(path) as handle:
-        pq.write_table(table, handle, compression=COMPRESSION)
+def write_arrow(path: str, table: pa.Table) -> None:
+    """One Arrow IPC file (zstd buffers): how intermediate tables are kept on storage."""
+    with FileSystems.create(path) as handle, \
+            pa.ipc.new_file(handle, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table)
+
+
+def read_arrow(path: str) -> pa.Table:
+    with FileSystems.open(path) as handle:
+        return pa.ipc.open_file(pa.BufferReader(handle.read())).read_all()
 
 
 def _read_staged_footer(path: str, kind: str) -> StagedFile:
-    with FileSystems.open(path) as handle:
-        metadata = pq.read_metadata(pa.BufferReader(handle.read()))
-    chunk_id, step = json.loads(metadata.metadata[ORDER_KEY])
-    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-    return StagedFile(kind, (chunk_id, step), path, metadata.num_rows, size)
+    table = read_arrow(path)
+    chunk_id, step = json.loads(table.schema.metadata[ORDER_KEY])
+    return StagedFile(kind, (chunk_id, step), path, table.num_rows, table.nbytes)
 
 
 def reconcile_staged(reported: Sequence[StagedFile], staging_dir: str) -> list[StagedFile]:
     """The runner's notices of staged files, plus any file on storage it did not deliver."""
     known = {f.path for f in reported}
-    missing = [path for path in _files_under(staging_dir)
-               if path.endswith(".parquet") and path not in known]
+    kinds = {FileSystems.join(staging_dir, kind): kind for kind in OUTPUT_KINDS}
+    missing = [(path, kinds[folder]) for path in _files_under(staging_dir)
+               for folder in [path.rsplit("/", 1)[0]]
+               if folder in kinds and path.endswith(STAGED_SUFFIX) and path not in known]
     if not missing:
         return list(reported)
     LOG.warning("the runner did not deliver %d of %d staged-file notices; recovered them from %s",
                 len(missing), len(reported) + len(missing), staging_dir)
-    kinds = {FileSystems.join(staging_dir, kind): kind for kind in OUTPUT_KINDS}
-    return [*reported, *(_read_staged_footer(path, kinds[path.rsplit("/", 1)[0]])
-                         for path in missing)]
+    return [*reported, *(_read_staged_footer(path, kind) for path, kind in missing)]
 
 
 def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards: int,
@@ -216,8 +225,7 @@ def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards:
 
 
 def _read_staged(path: str) -> pa.Table:
-    with FileSystems.open(path) as handle:
-        return pq.read_table(pa.BufferReader(handle.read())).replace_schema_metadata(None)
+    return read_arrow(path).replace_schema_metadata(None)
 
 
 class WriteOutputFile(BackgroundWriter):
