@@ -627,9 +627,10 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
 
 def test_texts_that_normalisation_changes_go_to_the_backend(toks):
     pieces = chat_template._backend_tools(toks["chatml"].backend_tokenizer).pieces
-    assert pieces.start(["<|im_start|>cafe\u0301<|im_end|>"])() == [None]
-    (tokens,) = pieces.start(["<|im_start|>caf\u00e9<|im_end|>\n"])()
-    assert tokens.ends[-1] == len("<|im_start|>caf\u00e9<|im_end|>\n".encode())
+    run = pieces.start(["<|im_start|>cafe\u0301<|im_end|>", "<|im_start|>caf\u00e9<|im_end|>\n"])()
+    assert run.accepted == [False, True]
+    assert run.bounds == [0, len(run.ids)]
+    assert run.ends[-1] == len("<|im_start|>caf\u00e9<|im_end|>\n".encode())
 
 
 def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):

@@ -167,7 +167,7 @@ class _Started:
     results: list[EncodedExample | RenderError | None]  # None: an example to come
     rendered: list[_Rendered]  # one per None above
     plain: list[int]  # the rendered texts without control-token text, by index
-    tokens: Callable[[], list[_Tokens | None]] | None  # the plain texts' tokens, when done
+    tokens: Callable[[], _TokenRun] | None  # the plain texts' tokens, when done
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,21 +284,24 @@ class _Encoder:
     def finish(self, started: _Started) -> list[EncodedExample | RenderError]:
         """Each conversation's example or error, in order, once its tokens are in."""
         results, rendered, plain = started.results, started.rendered, started.plain
-        found: list[_Tokens | Encoding | None] = [None] * len(rendered)
+        done: dict[int, EncodedExample | RenderError] = {}
         # Ids and offsets are millions of small objects: a cyclic collection meanwhile would scan
         # them all.
         with _gc_paused():
             if started.tokens is not None:
-                for k, tokens in zip(plain, started.tokens(), strict=True):
-                    found[k] = tokens
-            slow = [k for k in plain if found[k] is None]
+                run = started.tokens()
+                fast = list(itertools.compress(plain, run.accepted))
+                done.update(zip(fast, self._masked_run(run, [rendered[k] for k in fast]),
+                                strict=True))
+            slow = [k for k in plain if k not in done]
             if slow:
                 backend = self.tools.control_backend
                 encodings = backend.encode_batch([rendered[k].text for k in slow],
                                                  add_special_tokens=False)
-                for k, encoding in zip(slow, encodings, strict=True):
-                    found[k] = encoding
-            examples = iter([self._example(r, t) for r, t in zip(rendered, found, strict=True)])
+                done.update((k, self._example(rendered[k], encoding))
+                            for k, encoding in zip(slow, encodings, strict=True))
+            examples = iter([done[k] if k in done else self._example(r, None)
+                             for k, r in enumerate(rendered)])
         return [result if result is not None else next(examples) for result in results]
 
     def fit(self, conversation: Conversation, example: EncodedExample, max_tokens: int,
@@ -399,31 +402,76 @@ class _Encoder:
         calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
         return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
 
-    def _example(self, rendered: _Rendered, plain: Encoding | _Tokens | None
+    def _example(self, rendered: _Rendered, plain: Encoding | None
                  ) -> EncodedExample | RenderError:
-        if isinstance(plain, _Tokens):
-            input_ids = plain.ids
-            ranges = plain.token_ranges(rendered.text, rendered.spans)
+        """One example from the backend's encoding of its text, or of its marked rendering
+        (``plain`` None)."""
+        if plain is not None:
+            ids, offsets = plain.ids, plain.offsets
         else:
-            if plain is not None:
-                ids, offsets = plain.ids, plain.offsets
-            else:
-                try:
-                    ids, offsets = self._encode_marked(rendered.marked)
-                except _Unrenderable as e:
-                    return RenderError(e.reason, e.message)
-            input_ids = np.asarray(ids, dtype=np.int32)
-            ranges = _token_ranges(offsets, rendered.spans)
-        labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
-        for first, stop in ranges:
-            end = stop
-            if self.end_ids is not None:
-                while end > first and int(input_ids[end - 1]) in self.end_ids:
-                    end -= 1
-            labels[first:end] = input_ids[first:end]
-        if not (labels != IGNORE_INDEX).any():
-            return RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
-        return EncodedExample(input_ids, labels)
+            try:
+                ids, offsets = self._encode_marked(rendered.marked)
+            except _Unrenderable as e:
+                return RenderError(e.reason, e.message)
+        input_ids = np.asarray(ids, dtype=np.int32)
+        ranges = list(_token_ranges(offsets, rendered.spans))
+        first = np.array([a for a, _ in ranges], dtype=np.int64)
+        stop = np.array([b for _, b in ranges], dtype=np.int64)
+        return self._labelled(_TokenRun(input_ids, [0, len(input_ids)]), first, stop)[0]
+
+    def _masked_run(self, run: _TokenRun, rendered: list[_Rendered]
+                    ) -> list[EncodedExample | RenderError]:
+        """The examples of texts encoded end to end (``_PieceEncoder``), all masked at once.
+
+        Each span's tokens are found from byte offsets: a token's character offsets are the
+        characters its bytes fall in, and spans start and end at character boundaries, so a
+        token overlaps a span in characters exactly when it does in bytes (a token holding part
+        of a character counts as holding all of it). A text's tokens end after every earlier
+        text's and before every later text's, so one search over the whole run finds them.
+        """
+        owners, lows, highs = [], [], []
+        for i, r in enumerate(rendered):
+            to_bytes = ((lambda at: at) if r.text.isascii()
+                        else (lambda at, text=r.text: len(text[:at].encode("utf-8"))))
+            for start, end in r.spans:
+                if end > start:
+                    owners.append(i)
+                    lows.append(to_bytes(start))
+                    highs.append(to_bytes(end))
+        owner = np.array(owners, dtype=np.int64)
+        bounds = np.array(run.bounds, dtype=np.int64)
+        base = run.ends[bounds[:-1]][owner]  # byte offset of each span's text in the run
+        token_ends = run.ends[1:]
+        first = np.searchsorted(token_ends, base + np.array(lows, dtype=np.int64), "right")
+        # Tokens starting before the span's end: those ending before it, and one more.
+        stop = np.minimum(np.searchsorted(token_ends, base + np.array(highs, dtype=np.int64),
+                                          "left") + 1, bounds[owner + 1])
+        return self._labelled(run, first, stop)
+
+    def _labelled(self, run: _TokenRun, first: np.ndarray, stop: np.ndarray
+                  ) -> list[EncodedExample | RenderError]:
+        """Each text's example: labels are the ids in the token ranges [first, stop), less the
+        end-of-turn tokens that close a range unless they are trained; an error for a text
+        with no trained token."""
+        keep = stop > first
+        first, stop = first[keep], stop[keep]
+        if self.end_ids is not None:
+            end_ids = np.fromiter(self.end_ids, dtype=np.int64, count=len(self.end_ids))
+            while True:
+                closing = (stop > first) & np.isin(run.ids[stop - 1], end_ids)
+                if not closing.any():
+                    break
+                stop = stop - closing
+        depth = np.zeros(len(run.ids) + 1, dtype=np.int64)
+        np.add.at(depth, first, 1)
+        np.add.at(depth, stop, -1)
+        trained = np.cumsum(depth[:-1]) > 0
+        labels = np.where(trained, run.ids, IGNORE_INDEX).astype(np.int32)
+        counts = np.concatenate(([0], np.cumsum(trained)))[run.bounds]
+        return [EncodedExample(run.ids[a:b], labels[a:b]) if n_end > n_start else
+                RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
+                for a, b, n_start, n_end in zip(run.bounds, run.bounds[1:], counts.tolist(),
+                                                counts[1:].tolist(), strict=False)]
 
     def _encode_marked(self, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and offsets (into the unmarked text) of a marked rendering.
@@ -465,32 +513,14 @@ class _Encoder:
 # --- encoding without offsets -------------------------------------------------------------
 
 
-class _Tokens:
-    """The ids of one rendered text and the UTF-8 byte offset at which each token ends."""
+@dataclasses.dataclass(frozen=True)
+class _TokenRun:
+    """Texts' tokens end to end, so that a batch is masked with a few array operations."""
 
-    __slots__ = ("ends", "ids")
-
-    def __init__(self, ids: np.ndarray, ends: np.ndarray) -> None:
-        self.ids = ids  # int32
-        self.ends = ends  # int64, non-decreasing; the tokens cover the text's bytes in order
-
-    def token_ranges(self, text: str, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-        """``_token_ranges`` from byte offsets: the same tokens overlap each span.
-
-        A token's character offsets are the characters its bytes fall in, and spans start and
-        end at character boundaries, so a token overlaps a span in characters exactly when it
-        does in bytes (a token holding part of a character counts as holding all of it).
-        """
-        ends, n = self.ends, len(self.ids)
-        to_bytes = ((lambda at: at) if text.isascii()
-                    else (lambda at: len(text[:at].encode("utf-8"))))
-        for start, end in spans:
-            if end > start:
-                first = int(ends.searchsorted(to_bytes(start), "right"))
-                # Tokens starting before the span's end: those ending before it, and one more.
-                stop = min(int(ends.searchsorted(to_bytes(end), "left")) + 1, n)
-                if stop > first:
-                    yield first, stop
+    ids: np.ndarray  # int32
+    bounds: list[int]  # where each text's tokens start, then the total
+    ends: np.ndarray | None = None  # int64: 0, then the byte offset at which each token ends
+    accepted: Sequence[bool] = ()  # which of the texts given to ``_PieceEncoder`` are here
 
 
 class _PieceEncoder:
@@ -537,9 +567,9 @@ class _PieceEncoder:
                 return False
         return True
 
-    def start(self, texts: Sequence[str]) -> Callable[[], list[_Tokens | None]]:
+    def start(self, texts: Sequence[str]) -> Callable[[], _TokenRun]:
         """Starts encoding the texts on the tiktoken encoder's threads; the returned function
-        waits and gives each text's tokens, or None where the backend must encode it."""
+        waits and gives the tokens of those it took (the others the backend must encode)."""
         plain = [text.isascii() or self._plain(text) for text in texts]
         encoded = self.fast.submit_slices(self._encode_slice,
                                           list(itertools.compress(texts, plain)))
@@ -553,18 +583,14 @@ class _PieceEncoder:
                      for text in texts]
         return found
 
-    def _assemble(self, plain: list[bool], encoded: list[np.ndarray]) -> list[_Tokens | None]:
+    def _assemble(self, plain: list[bool], encoded: list[np.ndarray]) -> _TokenRun:
         bounds = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=bounds[1:])
         array = (np.concatenate(encoded).astype(np.int32, copy=False) if encoded
                  else np.empty(0, dtype=np.int32))
         ends = np.zeros(len(array) + 1, dtype=np.int64)
         np.cumsum(self.nbytes[array], out=ends[1:])
-        starts = ends[bounds].tolist()  # byte offset of each text's first token in the run
-        bounds = bounds.tolist()
-        tokens = iter([_Tokens(array[a:b], ends[a + 1 : b + 1] - start)
-                       for a, b, start in zip(bounds, bounds[1:], starts, strict=False)])
-        return [next(tokens) if ok else None for ok in plain]
+        return _TokenRun(array, bounds.tolist(), ends, plain)
 
 
 def _piece_encoder(backend: Tokenizer, fallback: Callable[[str], list[int]]
