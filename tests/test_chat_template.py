@@ -29,7 +29,7 @@ from tokenizers import AddedToken
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tests.conftest import SHARED_DATA
-from transforms import chat_template
+from transforms import chat_template, fast_encoder
 from transforms.adapters import AdaptError, Conversation, to_conversation
 from transforms.chat_template import (
     IGNORE_INDEX,
@@ -623,6 +623,21 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
                                     overflow="truncate")
     assert_same_results(fast, slow)
     assert sum(isinstance(r, EncodedExample) and r.tokens_cut > 0 for r in fast) > 10
+
+
+def test_a_conversation_holding_the_join_separator_gets_the_backends_tokens(toks, monkeypatch):
+    """Texts are encoded joined with a separator token of the pipeline's own; a text that holds
+    the separator's string is encoded alone, and that string is plain text as in the backend."""
+    tok = toks["chatml"]
+    odd = Conversation((user(f"a{fast_encoder.SEPARATOR}b"), assistant("fine \0 ok")))
+    conversations = [*fast_corpus()[:20], odd, *fast_corpus()[20:40]]
+    fast = encode_conversations(tok, conversations, DEFAULT)
+    with monkeypatch.context() as m:
+        m.setattr(chat_template, "_TOOLS", {})
+        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+        slow = encode_conversations(tok, conversations, DEFAULT)
+    assert_same_results(fast, slow)
+    assert not set(fast[20].input_ids.tolist()) & {fast_encoder.SEPARATOR_ID}
 
 
 def test_texts_that_normalisation_changes_go_to_the_backend(toks):

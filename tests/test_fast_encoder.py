@@ -217,14 +217,14 @@ def test_every_code_point_in_context(fast, reference, context):
 
 def test_texts_joined_for_one_call_split_back_to_each_texts_own_ids(fast, reference):
     texts = [fast._normalized(text) for text in TRICKY]  # encode_joined takes normalised text
-    joined = fe.encode_joined(fast.joined, texts)
+    joined = fe.encode_joined(fast.encoding, texts)
     assert [a.tolist() for a in joined] == _reference_ids(reference, TRICKY)
-    assert fe.encode_joined(fast.joined, []) == []
-    assert [a.tolist() for a in fe.encode_joined(fast.joined, [""])] == [[]]
+    assert fe.encode_joined(fast.encoding, []) == []
+    assert [a.tolist() for a in fe.encode_joined(fast.encoding, [""])] == [[]]
 
 
 def test_a_text_holding_the_separator_is_encoded_on_its_own(fast, reference):
     texts = ["before", f"a{fe.SEPARATOR}b", "after \x00 NUL"]
-    assert fe.encode_joined(fast.joined, texts) is None
+    assert fe.encode_joined(fast.encoding, texts) is None
     assert_same_ids(fast, reference, texts)
     assert not fe.joinable(["<|endoftext|>", "<|x\x00|>"])

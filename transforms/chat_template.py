@@ -544,9 +544,10 @@ class _PieceEncoder:
         added = backend.get_added_tokens_decoder()
         added_ids = {token.content: i for i, token in added.items()}
         self.split = re.compile(f"({_alternation(tuple(added_ids)).pattern})").split
-        self.encoding = qwen2_encoding(backend, added_ids)
-        self.joined = (qwen2_encoding(backend, {**added_ids, SEPARATOR: SEPARATOR_ID})
-                       if joinable(added_ids) else None)
+        self.added = frozenset(added_ids)
+        self.joined = joinable(added_ids)
+        self.encoding = qwen2_encoding(
+            backend, {**added_ids, SEPARATOR: SEPARATOR_ID} if self.joined else added_ids)
         vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
         self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
         self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
@@ -577,9 +578,10 @@ class _PieceEncoder:
 
     def _encode_slice(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text's ids, in one tiktoken call where ``encode_joined`` can make it."""
-        found = encode_joined(self.joined, texts) if self.joined is not None else None
-        if found is None:
-            found = [self.encoding.encode_to_numpy(text, allowed_special="all")
+        found = encode_joined(self.encoding, texts) if self.joined else None
+        if found is None:  # the separator's text, if a text holds it, is text
+            found = [self.encoding.encode_to_numpy(text, allowed_special=self.added,
+                                                   disallowed_special=())
                      for text in texts]
         return found
 

@@ -189,8 +189,8 @@ class TiktokenEncoder:
     def __init__(self, backend: Tokenizer, fallback: Callable[[str], list[int]]):
         self.normalizer = backend.normalizer
         self.fallback = fallback
-        self.encoding = qwen2_encoding(backend)
-        self.joined = qwen2_encoding(backend, {SEPARATOR: SEPARATOR_ID})
+        # Ordinary encoding ignores special tokens, so one encoding serves both paths.
+        self.encoding = qwen2_encoding(backend, {SEPARATOR: SEPARATOR_ID})
         self.threads = _threads()
         self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
@@ -236,7 +236,7 @@ class TiktokenEncoder:
         normalized = list(map(self._normalized, texts))
         if None in normalized:  # lone surrogates: the backend raises as it would have
             return [np.asarray(self.encode_one(text), dtype=np.int32) for text in texts]
-        found = encode_joined(self.joined, normalized)
+        found = encode_joined(self.encoding, normalized)
         if found is None:
             return [np.asarray(self.encoding.encode_ordinary(text), dtype=np.int32)
                     for text in normalized]
