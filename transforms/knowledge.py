@@ -15,9 +15,10 @@ chunk); the main pass drops the copies it names, chunk by chunk, with that small
 ``DuplicateIndex`` as a side input. The documents themselves are never shuffled, and no read is
 shared between the passes, so Beam never has to keep a pass's chunks while the index is built:
 the main read is fused with the steps after the side input and runs once the index is ready.
-The first pass also tokenizes the documents it keys, on a background thread, and leaves their
-ids in the staging directory by text hash (``transforms.token_cache``): that pass keeps one
-core busy with Python, so the other does the tokenizing, and the main pass only reads the ids.
+The first pass also leaves each document's quality verdict and, for those it keys, their token
+ids (encoded on a background thread) in the staging directory by text hash
+(``transforms.token_cache``): that pass keeps one core busy with Python, so the other does the
+tokenizing, and the main pass reads verdicts and ids instead of computing them again.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from transforms.steps import (
     apply_step,
     output_kind,
 )
-from transforms.token_cache import cache_path, lookup, read_tokens, write_tokens
+from transforms.token_cache import cache_path, lookup, read_tokens, read_verdicts, write_chunk
 from transforms.tokenizer import end_of_text_id, load_tokenizer, private_backend
 from transforms.writers import BackgroundWriter
 
@@ -99,6 +100,7 @@ GROUP = "knowledge branch"
 EMPTY_AFTER_NORMALIZATION = "empty_after_normalization"
 LENGTH_RANGE = "length_range"
 UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept after all
+_UNKNOWN = object()  # no verdict from the first pass
 SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
 
 
@@ -293,13 +295,25 @@ class NormalizeDocuments(DocumentStep):
 
 
 class FilterQuality(DocumentStep):
+    """The quality rules; a verdict that deduplication's first pass left in ``token_cache``
+    is taken from there."""
+
     step_name = "quality"
 
-    def __init__(self, config: QualityConfig):
+    def __init__(self, config: QualityConfig, token_cache: str | None = None):
         self.config = config
+        self.token_cache = token_cache
+
+    def process(self, chunk: RecordChunk) -> Iterator[Any]:
+        self.known = (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
+                      if self.token_cache is not None else {})
+        yield from super().process(chunk)
 
     def judge(self, record: Record) -> Record | tuple[str, str]:
-        reason = first_failure(TextStats(record.value), self.config)
+        stats = TextStats(record.value)
+        reason = self.known.get(stats.digest, _UNKNOWN)
+        if reason is _UNKNOWN:
+            reason = first_failure(stats, self.config)
         return record if reason is None else (reason, describe(reason, self.config))
 
 
@@ -325,8 +339,9 @@ class KeyDocuments(BackgroundWriter):
 
     It repeats the main pass's decisions with the same pure functions (``classify``,
     ``normalize_text``, the quality rules), but counts nothing: the main pass does that. With a
-    ``token_cache`` directory it also tokenizes those documents in the background, on the core
-    this pass leaves idle, for the main pass to reuse (``transforms.token_cache``).
+    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
+    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
+    (``transforms.token_cache``).
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
@@ -343,16 +358,22 @@ class KeyDocuments(BackgroundWriter):
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
     def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
-        kept = [found for found in map(self.keys, chunk.records) if found is not None]
-        if not kept:
-            return
-        if self.token_cache is not None:
-            self.write(self._cache_tokens, cache_path(self.token_cache, chunk.chunk_id),
-                       [keys.content for keys, _ in kept], [text for _, text in kept])
-        yield tuple(keys for keys, _ in kept)  # one element per chunk: cheaper to shuffle
+        judged = [(record, found) for record in chunk.records
+                  if (found := self.judge(record)) is not None]
+        kept = [(record, stats) for record, (stats, reason) in judged if reason is None]
+        if judged and self.token_cache is not None:
+            self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
+                       [stats.digest for _, (stats, _) in judged],
+                       [reason for _, (_, reason) in judged],
+                       [stats.text for _, stats in kept])
+        keys = tuple(document_keys(record_key(record, self.file_numbers), stats,
+                                   self.config.dedup, self.hasher) for record, stats in kept)
+        if keys:
+            yield keys  # one element per chunk: a shuffled element costs more than its keys
 
-    def keys(self, record: Record) -> tuple[DocumentKeys, str] | None:
-        """The document's keys and normalised text, or None if the main pass drops it."""
+    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
+        """The normalised document and its quality verdict (a reason code, or None to keep
+        it); None for a record that is not a knowledge document the main pass would judge."""
         routed = classify(record, self.specs[record.input_index])
         if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
             return None
@@ -362,13 +383,13 @@ class KeyDocuments(BackgroundWriter):
             if not text:
                 return None
         stats = TextStats(text)
-        if self.config.quality is not None and first_failure(stats, self.config.quality):
-            return None
-        return document_keys(record_key(record, self.file_numbers), stats, self.config.dedup,
-                             self.hasher), text
+        quality = self.config.quality
+        return stats, None if quality is None else first_failure(stats, quality)
 
-    def _cache_tokens(self, path: str, digests: list[bytes], texts: list[str]) -> None:
-        write_tokens(path, digests, raw_text_encoder(self.tokenizer).encode(texts, parallel=False))
+    def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
+               texts: list[str]) -> None:
+        encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
+        write_chunk(path, digests, reasons, encoded)
 
 
 def key_buckets(shards: int) -> int:
@@ -633,7 +654,8 @@ class KnowledgeBranch(beam.PTransform):
             steps.append(apply_step(documents, "Normalize", NormalizeDocuments(config.normalize)))
             documents = steps[-1].main
         if config.quality is not None:
-            steps.append(apply_step(documents, "QualityFilter", FilterQuality(config.quality)))
+            steps.append(apply_step(documents, "QualityFilter",
+                                    FilterQuality(config.quality, self.token_cache)))
             documents = steps[-1].main
         if self.duplicates is not None:
             steps.append(apply_step(documents, "DropDuplicates", DropDuplicates(),
