@@ -173,7 +173,8 @@ def read_arrow(path: str) -> pa.Table:
         return pa.ipc.open_file(pa.BufferReader(handle.read())).read_all()
 
 
-def _read_staged_footer(path: str, kind: str) -> StagedFile:
+def _staged_note(path: str, kind: str) -> StagedFile:
+    """The note the runner failed to deliver, rebuilt from the staged file itself."""
     table = read_arrow(path)
     chunk_id, step = json.loads(table.schema.metadata[ORDER_KEY])
     return StagedFile(kind, (chunk_id, step), path, table.num_rows, table.nbytes)
@@ -190,7 +191,7 @@ def reconcile_staged(reported: Sequence[StagedFile], staging_dir: str) -> list[S
         return list(reported)
     LOG.warning("the runner did not deliver %d of %d staged-file notices; recovered them from %s",
                 len(missing), len(reported) + len(missing), staging_dir)
-    return [*reported, *(_read_staged_footer(path, kind) for path, kind in missing)]
+    return [*reported, *(_staged_note(path, kind) for path, kind in missing)]
 
 
 def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards: int,
