@@ -18,7 +18,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -256,8 +256,7 @@ class FindDuplicates(beam.PTransform):
             | "ByContent" >> beam.FlatMap(lambda batch: by_bucket(
                 ((doc.content, doc.key) for doc in batch), buckets))
             | "GroupByContent" >> beam.GroupByKey()
-            | "Regroup" >> beam.FlatMap(regroup)
-            | "LaterCopies" >> beam.FlatMap(later_copies)
+            | "LaterCopies" >> beam.FlatMap(pairs_in_bucket, later_copies)
             | "CollectCopies" >> beam.combiners.ToList())
         pairs = (
             batches
@@ -265,8 +264,7 @@ class FindDuplicates(beam.PTransform):
                 ((band, (doc.key, doc.content)) for doc in batch for band in doc.bands),
                 buckets))
             | "GroupByBand" >> beam.GroupByKey()
-            | "RegroupBands" >> beam.FlatMap(regroup)
-            | "CandidatePairs" >> beam.FlatMap(candidate_pairs))
+            | "CandidatePairs" >> beam.FlatMap(pairs_in_bucket, candidate_pairs))
         verified = (
             {
                 "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
@@ -308,6 +306,15 @@ def regroup(bucket: tuple[int, Iterable[list]]) -> Iterator[tuple[Any, list]]:
         for key, value in batch:
             found[key].append(value)
     return iter(found.items())
+
+
+def pairs_in_bucket(bucket: tuple[int, Iterable[list]],
+                    pairs: Callable[[tuple[Any, list]], Iterator[Pair]]) -> Iterator[Pair]:
+    """``pairs`` of each key in a bucket that more than one document shares. Nearly every band
+    key is one document's alone; passing each on as an element cost more than the grouping."""
+    for group in regroup(bucket):
+        if len(group[1]) > 1:
+            yield from pairs(group)
 
 
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
