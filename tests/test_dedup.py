@@ -20,7 +20,9 @@ from transforms.dedup import (
     FindDuplicates,
     MinHasher,
     band_keys,
+    band_rows_by_bucket,
     candidate_pairs,
+    candidate_pairs_in_bucket,
     content_hash,
     document_keys,
     resolve_duplicates,
@@ -113,6 +115,31 @@ def test_a_bucket_pairs_its_first_member_with_each_other_content():
     a, b, c, d = (0, 0, 0), (0, 0, 5), (1, 1, 0), (1, 1, 9)
     members = [(d, b"2"), (c, b"1"), (b, b"1"), (a, b"0")]  # b and c: the same content
     assert list(candidate_pairs((b"band", members))) == [(a, b), (a, d)]
+
+
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
+    """Real documents, two of them near copies and one an exact copy, split over two batches:
+    the packed shuffle pairs exactly what grouping every (band, document) would."""
+    texts = c4_texts()[:6]
+    texts.append(texts[0].replace("the", "a", 1))
+    texts.append(texts[3])
+    docs = [keys_of((i % 2, 7, i), text, hasher) for i, text in enumerate(texts)]
+    plain: dict[bytes, list] = {}
+    for doc in docs:
+        for band in doc.bands:
+            plain.setdefault(band, []).append((doc.key, doc.content))
+    expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
+    assert expected, "the near copy shares a band with its original"
+    per_bucket: dict[int, list[bytes]] = {}
+    for batch in (docs[:4], docs[4:]):
+        for bucket, blob in band_rows_by_bucket(batch, buckets):
+            assert 0 <= bucket < buckets
+            per_bucket.setdefault(bucket, []).append(blob)
+    found = sorted(pair for bucket in per_bucket.items()
+                   for pair in candidate_pairs_in_bucket(bucket))
+    assert found == expected
+    assert all(isinstance(part, int) for pair in found for key in pair for part in key)
 
 
 def test_clusters_keep_their_smallest_key_whatever_the_edge_order():

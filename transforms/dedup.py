@@ -38,6 +38,9 @@ Pair = tuple[RecordKey, RecordKey]
 
 SEED = 0x5EED  # of the MinHash family: fixed, so signatures agree across runs and workers
 _BLOCK = 4096  # shingles hashed at once (num_perm x _BLOCK uint64 stay a few MB)
+# One row per document and band, for the band shuffle: the band key as a number, then the
+# document's record key and content hash.
+_BAND_ROW = np.dtype([("band", "<u8"), ("key", "<i8", (3,)), ("content", "V16")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,12 +239,13 @@ class FindDuplicates(beam.PTransform):
     """Batches of ``DocumentKeys`` (one per chunk) in; one dict {record key: (reason, surviving
     key)} out.
 
-    Shuffles: the content hashes, the band keys (record key and content hash per band), and
-    the signatures of documents that have a candidate pair. Each travels in batches, one per
-    chunk and bucket (a stable hash of the key, modulo ``buckets``), and is grouped by key
-    inside its bucket: a shuffled element per document and band cost more than all the rest of
-    deduplication. ``buckets`` bounds what one bucket holds, so size it to the input. Exact-only
-    keys carry no bands, so the near-duplicate steps then see nothing.
+    Shuffles: the content hashes, the band keys (record key and content hash per band, as
+    packed ``_BAND_ROW`` bytes), and the signatures of documents that have a candidate pair.
+    Each travels in batches, one per chunk and bucket (a stable hash of the key, modulo
+    ``buckets``), and is grouped by key inside its bucket: a shuffled element per document and
+    band cost more than all the rest of deduplication. ``buckets`` bounds what one bucket
+    holds, so size it to the input. Exact-only keys carry no bands, so the near-duplicate steps
+    then see nothing.
     """
 
     def __init__(self, threshold: float, buckets: int = 1):
@@ -260,11 +264,9 @@ class FindDuplicates(beam.PTransform):
             | "CollectCopies" >> beam.combiners.ToList())
         pairs = (
             batches
-            | "ByBand" >> beam.FlatMap(lambda batch: by_bucket(
-                ((band, (doc.key, doc.content)) for doc in batch for band in doc.bands),
-                buckets))
+            | "ByBand" >> beam.FlatMap(band_rows_by_bucket, buckets)
             | "GroupByBand" >> beam.GroupByKey()
-            | "CandidatePairs" >> beam.FlatMap(pairs_in_bucket, candidate_pairs))
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket))
         verified = (
             {
                 "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
@@ -315,6 +317,43 @@ def pairs_in_bucket(bucket: tuple[int, Iterable[list]],
     for group in regroup(bucket):
         if len(group[1]) > 1:
             yield from pairs(group)
+
+
+def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
+                        ) -> Iterator[tuple[int, bytes]]:
+    """(bucket, packed ``_BAND_ROW`` rows) for each bucket that the batch's band keys fall in;
+    the bucket is ``bucket_of`` the band key."""
+    docs = [doc for doc in batch if doc.bands]
+    if not docs:
+        return
+    per_doc = [len(doc.bands) for doc in docs]
+    rows = np.empty(sum(per_doc), dtype=_BAND_ROW)
+    rows["band"] = np.frombuffer(b"".join(band for doc in docs for band in doc.bands), "<u8")
+    rows["key"] = np.repeat(np.array([doc.key for doc in docs], dtype=np.int64), per_doc, axis=0)
+    rows["content"] = np.repeat(np.frombuffer(b"".join(doc.content for doc in docs), "V16"),
+                                per_doc)
+    bucket = rows["band"] % np.uint64(buckets)
+    for number in np.unique(bucket).tolist():
+        yield number, rows[bucket == number].tobytes()
+
+
+def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[Pair]:
+    """``candidate_pairs`` of each band key in a bucket that more than one document shares:
+    numpy finds those few among the bucket's rows, and only they become Python objects."""
+    _, blobs = bucket
+    rows = np.concatenate([np.frombuffer(blob, _BAND_ROW) for blob in blobs])
+    rows = rows[np.argsort(rows["band"], kind="stable")]
+    same = rows["band"][1:] == rows["band"][:-1]
+    shared = np.zeros(len(rows), dtype=bool)
+    shared[1:] = same
+    shared[:-1] |= same
+    rows = rows[shared]
+    members: dict[int, list[tuple[RecordKey, bytes]]] = collections.defaultdict(list)
+    for band, key, content in zip(rows["band"].tolist(), rows["key"].tolist(),
+                                  map(bytes, rows["content"]), strict=True):
+        members[band].append((tuple(key), content))
+    for group in members.items():
+        yield from candidate_pairs(group)
 
 
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
