@@ -1,6 +1,7 @@
 """The offline Qwen2 tokenizer: ids, control tokens, chat template, caching, loading, identity."""
 
 import csv
+import hashlib
 import itertools
 import json
 import os
@@ -206,6 +207,16 @@ def test_chat_template_override_and_identity(tok, tmp_path):
     base, changed = tk.tokenizer_identity(tok), tk.tokenizer_identity(custom)
     assert changed["chat_template_sha256"] != base["chat_template_sha256"]
     assert changed["vocab_sha256"] == base["vocab_sha256"]
+
+
+def test_vocab_digest_is_that_of_the_sorted_vocab_as_json(tok):
+    """The digest's definition, computed the plain way; the vocabulary holds quotes,
+    backslashes and non-ASCII tokens, which the fast path must escape exactly alike."""
+    vocab = tok.get_vocab()
+    assert {'"', "\\"} <= set(vocab) and any(not token.isascii() for token in vocab)
+    plain = json.dumps(sorted(vocab.items()), ensure_ascii=False, separators=(",", ":"))
+    expected = hashlib.sha256(plain.encode("utf-8")).hexdigest()
+    assert tk.tokenizer_identity(tok)["vocab_sha256"] == expected
 
 
 def test_identity_is_stable_across_loads(tok, monkeypatch):

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
+from json.encoder import encode_basestring
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -359,7 +360,11 @@ def tokenizer_identity(tok: PreTrainedTokenizerFast) -> dict:
 
     ``vocab_size`` counts added tokens (``len(tok)``), the ids that can appear in outputs.
     """
-    vocab = json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=False, separators=(",", ":"))
+    ids = tok.get_vocab()
+    # The JSON of the sorted (token, id) pairs, built by hand: sorting the tokens alone and
+    # formatting each pair is about three times faster than json.dumps of sorted items.
+    vocab = "[" + ",".join([f"[{encode_basestring(token)},{ids[token]}]"
+                            for token in sorted(ids)]) + "]"
     template = tok.chat_template
     if isinstance(template, dict):  # named templates
         template = json.dumps(template, sort_keys=True, ensure_ascii=False)
