@@ -55,7 +55,7 @@ from transforms.manifest import (
 from transforms.read_inputs import ReadInputs
 from transforms.readers import plan_shards
 from transforms.records import BRANCHES, INSTRUCTION, KNOWLEDGE, ShardSpec
-from transforms.steps import PARTS, STATS
+from transforms.steps import PARTS, STATS, TailPlan
 from transforms.tokenizer import load_tokenizer, tokenizer_identity
 from transforms.writers import (
     OUTPUT_KINDS,
@@ -72,6 +72,7 @@ OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions, CurationOption
 BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP, curation.GROUP)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 TOKEN_CACHE = "token-cache"  # under the staging directory
+TAILS_DIR = "tails"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # Beam's DirectRunner first tries the Prism runner, downloading its binary from GitHub. Prism
@@ -81,9 +82,11 @@ LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunn
 FN_API_RUNNERS = ("DirectRunner", "SwitchingDirectRunner")
 
 
-def tail_buckets(shards: Sequence[ShardSpec]) -> int:
-    """How many groups the chunks' leftovers are joined in: bounded in size, few in number."""
-    return max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET))
+def tail_plan(cfg: PrepConfig, shards: Sequence[ShardSpec], branch: str) -> TailPlan:
+    """A branch's leftovers are joined in groups bounded in size and few in number, through
+    files in the staging directory (which goes at the end of the run)."""
+    return TailPlan(max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET)),
+                    FileSystems.join(cfg.output, STAGING_DIR, TAILS_DIR, branch))
 
 
 def token_cache_dir(cfg: PrepConfig) -> str | None:
@@ -110,14 +113,14 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     the returned PCollection's one element)."""
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
-    buckets = tail_buckets(shards)
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.knowledge, buckets, knowledge_duplicates(p, cfg, shards),
-        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs), token_cache_dir(cfg))
+        cfg.tokenizer, cfg.knowledge, tail_plan(cfg, shards, KNOWLEDGE),
+        knowledge_duplicates(p, cfg, shards), cfg.curation.for_branch(KNOWLEDGE, cfg.inputs),
+        token_cache_dir(cfg))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(
-            cfg.tokenizer, cfg.instruction, buckets,
+            cfg.tokenizer, cfg.instruction, tail_plan(cfg, shards, INSTRUCTION),
             cfg.curation.for_branch(INSTRUCTION, cfg.inputs)))
     # Each step's tables are written to staging by a DoFn fused with the step, and only the
     # small StagedFile notes are flattened: the DirectRunner materialises a flatten of several

@@ -1,14 +1,27 @@
 """OverlappedStep: every chunk's outputs leave exactly once, the last ones at the end of the
-bundle, and the next chunk's work starts before a chunk's results are used."""
+bundle, and the next chunk's work starts before a chunk's results are used. GatherTails: the
+leftovers travel through files and come back whole, in chunk order."""
 
 import dataclasses
+import os
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.steps import PARTS, STATS, OverlappedStep, apply_step, validation_id
+from transforms.steps import (
+    PARTS,
+    STATS,
+    GatherTails,
+    OverlappedStep,
+    TailGroup,
+    TailPlan,
+    apply_step,
+    tail_bucket,
+    validation_id,
+)
 
 EVENTS: list[str] = []  # what Doubled did, in order (called directly, in this process)
 
@@ -62,3 +75,29 @@ def test_a_chunk_is_used_after_the_next_one_started_and_the_last_at_the_end():
     assert [(tag, value.value) for tag, value in windowed][:2] == [
         (None, Chunk("b", (4,))), ("sums", 4)]
     assert list(step.finish_bundle()) == []  # nothing waits any more
+
+
+def test_tails_travel_through_files_and_come_back_whole_in_chunk_order(tmp_path):
+    """Leftovers with numpy arrays, from chunks in both splits, arriving out of order: each
+    group holds its chunks' leftovers sorted by chunk id, equal to what went in; one file per
+    chunk is left in the spill directory (the run's staging, removed at the end of a run)."""
+    spill = tmp_path / "tails"
+    ids = [f"shard-{n:03d}" for n in range(12)] + [validation_id("shard-900")]
+    tails = [(chunk_id, (chunk_id, np.arange(n, dtype=np.int32)))
+             for n, chunk_id in enumerate(reversed(ids))]
+    buckets = 3
+    expected = {}
+    for chunk_id, leftover in sorted(tails):
+        key = (tail_bucket(chunk_id, buckets), chunk_id.endswith(validation_id("")))
+        expected.setdefault(key, []).append(leftover)
+
+    def as_plain(group: TailGroup):
+        return group.chunk_id, [(name, array.tolist()) for name, array in group.items]
+
+    with test_pipeline.TestPipeline() as p:
+        groups = p | beam.Create(tails) | GatherTails(TailPlan(buckets, str(spill)))
+        assert_that(groups | beam.Map(as_plain), equal_to([
+            (f"~tails-{bucket:05d}{validation_id('') if validation else ''}",
+             [(name, array.tolist()) for name, array in leftovers])
+            for (bucket, validation), leftovers in expected.items()]))
+    assert len(os.listdir(spill)) == len(ids)

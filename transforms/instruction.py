@@ -53,6 +53,7 @@ from transforms.steps import (
     OverlappedStep,
     Part,
     Started,
+    TailPlan,
     apply_step,
     output_kind,
 )
@@ -364,7 +365,7 @@ class InstructionBranch(beam.PTransform):
     """Instruction chunks in; each step's parts (packed SFT rows, dropped records) and stats
     out. The parts stay apart so that each is staged where it is made (see build_graph)."""
 
-    def __init__(self, tokenizer: str, config: InstructionConfig, tail_buckets: int,
+    def __init__(self, tokenizer: str, config: InstructionConfig, tails: TailPlan,
                  curation: BranchCuration | None = None):
         super().__init__()
         self.curation = curation or BranchCuration()
@@ -375,7 +376,7 @@ class InstructionBranch(beam.PTransform):
         self.max_segments = config.max_segments_per_pack or None
         self.pad_id = (pad_token_id(load_tokenizer(tokenizer, config.chat_template))
                        if config.pad_to_seq_len else None)
-        self.tail_buckets = tail_buckets
+        self.tails = tails
 
     def expand(self, chunks):
         validated = apply_step(chunks, "Validate", ValidateRecords(self.schemas))
@@ -395,7 +396,7 @@ class InstructionBranch(beam.PTransform):
         packed = apply_step(steps[-1].main, "Pack",
                             PackSequences(self.seq_len, self.max_segments, self.pad_id), TAILS)
         tails = (packed[TAILS]
-                 | "GatherTails" >> GatherTails(self.tail_buckets)
+                 | "GatherTails" >> GatherTails(self.tails)
                  | "JoinTails" >> beam.Map(lambda group: EncodedChunk(
                      group.chunk_id, tuple(itertools.chain.from_iterable(group.items)))))
         repacked = apply_step(tails, "PackTails",

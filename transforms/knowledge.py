@@ -87,6 +87,7 @@ from transforms.steps import (
     Part,
     Started,
     TailGroup,
+    TailPlan,
     apply_step,
     output_kind,
 )
@@ -635,14 +636,14 @@ class KnowledgeBranch(beam.PTransform):
     ``duplicates`` is ``FindDuplicateDocuments``' output, or None when deduplication is off.
     """
 
-    def __init__(self, tokenizer: str, config: KnowledgeConfig, tail_buckets: int,
+    def __init__(self, tokenizer: str, config: KnowledgeConfig, tails: TailPlan,
                  duplicates: beam.PCollection | None = None,
                  curation: BranchCuration | None = None, token_cache: str | None = None):
         super().__init__()
         self.tokenizer = tokenizer
         self.token_cache = token_cache
         self.config = config
-        self.tail_buckets = tail_buckets
+        self.tails = tails
         self.duplicates = duplicates
         self.curation = curation or BranchCuration()
 
@@ -679,7 +680,7 @@ class KnowledgeBranch(beam.PTransform):
         blocks = apply_step(tokens, "ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size), TAILS)
         tails = apply_step(
-            blocks[TAILS] | "GatherTails" >> GatherTails(self.tail_buckets),
+            blocks[TAILS] | "GatherTails" >> GatherTails(self.tails),
             "ConcatenateTails",
             ConcatenateTails(self.tokenizer, config.block_size, config.remainder))
         length_stats = (
