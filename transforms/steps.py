@@ -236,8 +236,8 @@ class GatherTails(beam.PTransform):
     formed. The DirectRunner holds a shuffle's whole input in memory, and the leftovers of all
     chunks grow with the dataset (with them in the shuffle, a 48-copy instruction run peaked
     380 MB above a 12-copy one); a group holds about ``SHARDS_PER_TAIL_BUCKET`` shards'
-    leftovers. Sorting by chunk
-    id inside each group keeps the result independent of arrival order.
+    leftovers. Sorting by chunk id inside each group keeps the result independent of arrival
+    order.
     """
 
     def __init__(self, plan: TailPlan):

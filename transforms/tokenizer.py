@@ -362,7 +362,7 @@ def tokenizer_identity(tok: PreTrainedTokenizerFast) -> dict:
     """
     ids = tok.get_vocab()
     # The JSON of the sorted (token, id) pairs, built by hand: sorting the tokens alone and
-    # formatting each pair is about three times faster than json.dumps of sorted items.
+    # formatting each pair takes half the time of json.dumps of the sorted items.
     vocab = "[" + ",".join([f"[{encode_basestring(token)},{ids[token]}]"
                             for token in sorted(ids)]) + "]"
     template = tok.chat_template
