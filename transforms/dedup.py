@@ -18,7 +18,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -260,7 +260,7 @@ class FindDuplicates(beam.PTransform):
             | "ByContent" >> beam.FlatMap(lambda batch: by_bucket(
                 ((doc.content, doc.key) for doc in batch), buckets))
             | "GroupByContent" >> beam.GroupByKey()
-            | "LaterCopies" >> beam.FlatMap(pairs_in_bucket, later_copies)
+            | "LaterCopies" >> beam.FlatMap(later_copies_in_bucket)
             | "CollectCopies" >> beam.combiners.ToList())
         pairs = (
             batches
@@ -310,13 +310,13 @@ def regroup(bucket: tuple[int, Iterable[list]]) -> Iterator[tuple[Any, list]]:
     return iter(found.items())
 
 
-def pairs_in_bucket(bucket: tuple[int, Iterable[list]],
-                    pairs: Callable[[tuple[Any, list]], Iterator[Pair]]) -> Iterator[Pair]:
-    """``pairs`` of each key in a bucket that more than one document shares. Nearly every band
-    key is one document's alone; passing each on as an element cost more than the grouping."""
+def later_copies_in_bucket(bucket: tuple[int, Iterable[list]]) -> Iterator[Pair]:
+    """``later_copies`` of each content hash in a bucket that more than one document has:
+    nearly every hash is one document's alone, and passing each on as an element to be dropped
+    cost more than the grouping."""
     for group in regroup(bucket):
         if len(group[1]) > 1:
-            yield from pairs(group)
+            yield from later_copies(group)
 
 
 def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
