@@ -2,6 +2,10 @@
 
 import os
 
+from transforms import worker_exit
+
 # transformers prints "PyTorch was not found" when imported; the pipeline only tokenizes and
 # never needs torch. Set before any module here imports transformers; the user's value wins.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# Beam's worker processes unpickle the DoFns defined here, so they all import this package.
+worker_exit.install()
