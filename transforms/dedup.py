@@ -26,6 +26,7 @@ import numpy as np
 
 from transforms.quality import TextStats, ngram_hashes, text_hash
 from transforms.records import Record
+from transforms.words import mix
 
 DUPLICATE_EXACT = "duplicate_exact"
 DUPLICATE_NEAR = "duplicate_near"
@@ -36,8 +37,9 @@ MODES = ("none", "exact", "near")
 RecordKey = tuple[int, int, int]
 Pair = tuple[RecordKey, RecordKey]
 
-SEED = 0x5EED  # of the MinHash family: fixed, so signatures agree across runs and workers
-_BLOCK = 4096  # shingles hashed at once (num_perm x _BLOCK uint64 stay a few MB)
+SEED = 0x5EED  # of the MinHash hash: fixed, so signatures agree across runs and workers
+_HALF = np.uint64(32)
+_EMPTY = 1 << 32  # a bin no shingle reached: above every 32-bit value
 # One row per document and band, for the band shuffle: the band key as a number, then the
 # document's record key and content hash.
 _BAND_ROW = np.dtype([("band", "<u8"), ("key", "<i8", (3,)), ("content", "V16")])
@@ -129,25 +131,38 @@ def shingles(stats: TextStats, n: int) -> np.ndarray:
 
 
 class MinHasher:
-    """``num_perm`` seeded hash functions h_i(x) = (a_i * x mod 2**64) >> 32.
+    """``num_perm`` MinHash values per document from one hash per shingle: one permutation
+    hashing (Li, Owen and Zhang, 2012) with optimal densification (Shrivastava, 2017).
 
-    Multiply-shift hashing (Dietzfelbinger et al.) with odd ``a_i``: a universal family, one
-    multiplication per shingle and function, vectorised with numpy. The shift is monotone, so
-    it is applied once to each minimum. The parameters come from blake2b of the seed, so they
-    do not depend on numpy's random streams.
+    Each shingle's 64-bit hash picks one of ``num_perm`` bins (its high half) and a value (its
+    low half); a bin keeps its smallest value. A bin no shingle reached takes the value of the
+    first filled bin along its own fixed probe order, so for every bin the chance that two
+    documents agree is their Jaccard similarity, as with ``num_perm`` independent hash
+    functions, at the cost of one hash per shingle instead of ``num_perm``. The hash is
+    splitmix64's finaliser after a seeded offset, and the probe orders come from the same
+    mix, so signatures agree across runs, workers and numpy versions.
     """
 
     def __init__(self, num_perm: int, seed: int = SEED):
-        multipliers = [_stable_uint64(f"{seed}:{i}".encode()) for i in range(num_perm)]
-        self.a = (np.array(multipliers, dtype=np.uint64) | np.uint64(1))[:, None]
+        self.bins = num_perm
+        self.offset = np.uint64(_stable_uint64(f"{seed}:offset".encode()))
+        keys = mix(np.arange(num_perm * num_perm, dtype=np.uint64) + self.offset)
+        self.probes = np.argsort(keys.reshape(num_perm, num_perm), axis=1)
 
     def signature(self, shingle_hashes: np.ndarray) -> np.ndarray:
-        """The minimum of each function over the shingles, as uint32 (all-ones when empty)."""
-        minimum = np.full(len(self.a), np.iinfo(np.uint64).max, dtype=np.uint64)
-        for start in range(0, len(shingle_hashes), _BLOCK):
-            block = shingle_hashes[None, start:start + _BLOCK]
-            np.minimum(minimum, (self.a * block).min(axis=1), out=minimum)
-        return (minimum >> np.uint64(32)).astype("<u4")
+        """The value of each bin over the shingles, as uint32 (all-ones when empty)."""
+        if not len(shingle_hashes):
+            return np.full(self.bins, _EMPTY - 1, dtype="<u4")
+        hashes = mix(shingle_hashes + self.offset)
+        bins = ((hashes >> _HALF) * np.uint64(self.bins)) >> _HALF  # the high half, scaled
+        values = np.full(self.bins, _EMPTY, dtype=np.uint64)
+        np.minimum.at(values, bins.astype(np.intp), hashes & np.uint64(_EMPTY - 1))
+        empty = np.flatnonzero(values == _EMPTY)
+        if len(empty):
+            probes = self.probes[empty]
+            first_filled = np.argmax(values[probes] != _EMPTY, axis=1)
+            values[empty] = values[probes[np.arange(len(empty)), first_filled]]
+        return values.astype("<u4")
 
 
 def band_keys(signature: np.ndarray, bands: int) -> tuple[bytes, ...]:
@@ -161,7 +176,7 @@ def band_keys(signature: np.ndarray, bands: int) -> tuple[bytes, ...]:
 
 
 def similarity(signature_a: bytes, signature_b: bytes) -> float:
-    """Estimated Jaccard similarity: the share of MinHash functions that agree."""
+    """Estimated Jaccard similarity: the share of MinHash values that agree."""
     a, b = np.frombuffer(signature_a, "<u4"), np.frombuffer(signature_b, "<u4")
     return float(np.mean(a == b))
 

@@ -216,7 +216,7 @@ class KnowledgeOptions(PipelineOptions):
             help=f"Words per MinHash shingle (default {_DEDUP.ngram}).")
         group.add_argument(
             "--dedup_num_perm", type=positive_int, default=_DEDUP.num_perm,
-            help=f"MinHash functions per document (default {_DEDUP.num_perm}).")
+            help=f"MinHash values per document (default {_DEDUP.num_perm}).")
         group.add_argument(
             "--dedup_bands", type=positive_int, default=_DEDUP.bands,
             help="LSH bands; --dedup_num_perm must be a multiple. More bands find more "

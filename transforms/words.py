@@ -79,7 +79,7 @@ def _table_size(points: np.ndarray) -> int:
     return (int(points.max()) // _PLANE + 1) * _PLANE if len(points) else _PLANE
 
 
-def _mix(values: np.ndarray) -> np.ndarray:
+def mix(values: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, in place: every input bit affects every output bit."""
     values ^= values >> np.uint64(30)
     values *= _M1
@@ -119,7 +119,7 @@ class Words:
             return np.empty(0, dtype=np.uint64)
         mixed = points.astype(np.uint64)
         mixed |= self._positions
-        return np.add.reduceat(_mix(mixed), self._offsets)
+        return np.add.reduceat(mix(mixed), self._offsets)
 
     @functools.cached_property
     def ids(self) -> np.ndarray:
