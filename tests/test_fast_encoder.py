@@ -126,6 +126,22 @@ def test_text_that_is_not_nfc_is_normalised_like_the_backend(fast, reference):
     assert fast.encode_one(decomposed) == fast.encode_one(composed) == _one(reference)(composed)
 
 
+@pytest.mark.parametrize("context", ["{}", "e{}", "{}\u0301", "\u0301{}", "\u1100{}",
+                                     "{}\u1161", "{}{}"])
+def test_text_the_check_calls_nfc_is_nfc_for_the_backend(reference, context):
+    """Where ``stably_nfc`` lets text skip the backend's normaliser, the backend leaves every
+    code point Python has assigned unchanged next to a letter, combining marks (reordering,
+    composition) and Hangul jamo (algorithmic composition)."""
+    points = [chr(c) for c in range(0x110000) if chr(c).isprintable()]
+    texts = [" ".join(context.format(c, c) for c in points[i:i + 16])
+             for i in range(0, len(points), 16)]
+    skipped = [text for text in texts if fe.stably_nfc(text)]
+    assert len(skipped) > len(texts) // 2  # the check is not vacuous
+    normalize = reference.normalizer.normalize_str
+    assert [text for text in skipped if normalize(text) != text] == []
+    assert not fe.stably_nfc("Cafe\u0301") and not fe.stably_nfc("a\U000e0080b")
+
+
 def test_literal_control_tokens_never_become_control_ids(fast):
     ids = fast.encode_one("<|im_start|>user<|im_end|><|endoftext|>")
     assert not set(ids) & set(tk.QWEN2_SPECIAL_TOKENS.values())
