@@ -292,9 +292,19 @@ def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
     Most documents are far from the limit; an upper bound on the most frequent n-gram's count
     (from hash buckets, no sort) times the longest n words shows that without finding it. An n
     so cleared cannot fail, and when its true count is under 3 no larger n can either, so the
-    verdict is the one the exact count gives.
+    verdict is the one the exact count gives. The smallest n's bound also bounds every larger
+    n's count (each occurrence starts with one of the smaller n-gram), so one bound clears most
+    documents for all n at once.
     """
-    for n, maximum in sorted(config.max_top_ngram):
+    limits = sorted(config.max_top_ngram)
+    if not limits or not len(first := stats.ngram_ids(limits[0][0])):
+        return None
+    bound = _max_count_bound(first)
+    if bound < TOP_NGRAM_MIN_COUNT or not any(
+            _above(_share(bound * stats.max_window_chars(n), stats.word_chars), maximum)
+            for n, maximum in limits):
+        return None
+    for n, maximum in limits:
         ids = stats.ngram_ids(n)
         if not len(ids):
             break
