@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "data" / "templates"
 CHAT_TEMPLATE = TEMPLATES / "chatml.jinja"  # the pipeline's mask needs no markers
 MARKED_TEMPLATE = TEMPLATES / "chatml.generation.jinja"  # the same, marked for TRL's mask
-# Copies of the knowledge documents and of the instruction examples: 70 to 90 s per run of
-# ours, where in_memory's start-up (6 to 8 s) is under 10%; multi_processing's (12 to 15 s,
-# mostly two worker processes importing and loading) would need runs of two minutes or more.
-FULL_SCALE = (24.0, 48.0)
+# Copies of the knowledge documents and of the instruction examples: about two minutes per
+# run of ours, where the start-up (8 s in_memory; 12 to 13 s multi_processing, mostly two
+# worker processes importing and loading) is under 10% of every run.
+FULL_SCALE = (40.0, 80.0)
 QUICK_SCALE = (0.5, 0.25)
 MEMORY_FACTOR = 4  # the main runs are "4x"; the memory baseline runs a quarter of their input
 STARTUP_SCALE = 0.001  # a handful of records: what a run costs before any data
