@@ -341,3 +341,56 @@ def test_adapt_errors(value, fmt, reason):
     error = adapt_error(value, fmt)
     assert error.reason == reason
     assert str(error) == error.message and error.message
+
+
+# --- reasoning ---------------------------------------------------------------------------------
+
+
+def reply(conversation: Conversation) -> dict:
+    return conversation.messages[-1]
+
+
+def test_reasoning_from_messages_sharegpt_and_think_blocks():
+    messages = to_conversation({"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "42", "reasoning_content": "\nsix times seven\n"}]})
+    assert reply(messages) == {"role": "assistant", "content": "42",
+                               "reasoning_content": "six times seven"}
+    sharegpt = to_conversation({"conversations": [
+        {"from": "human", "value": "q"},
+        {"from": "gpt", "value": "<think>\nsix times seven\n</think>\n\n42"}]})
+    assert reply(sharegpt) == reply(messages)
+    plain = to_conversation({"prompt": "q", "response": "42"})
+    assert "reasoning_content" not in reply(plain)
+    # A user's <think> is text, not reasoning.
+    asked = to_conversation({"prompt": "<think>x</think> y?", "response": "z"})
+    assert asked.messages[0]["content"] == "<think>x</think> y?"
+
+
+def test_record_level_reasoning_for_single_reply_formats():
+    for record in ({"prompt": "q", "response": "42", "reasoning": "six times seven"},
+                   {"instruction": "q", "output": "42", "reasoning": "six times seven"}):
+        assert reply(to_conversation(record))["reasoning_content"] == "six times seven"
+
+
+@pytest.mark.parametrize("record, reason", [
+    ({"prompt": "q", "response": "<think>a</think>42", "reasoning": "b"},
+     adapters.DUPLICATE_REASONING),
+    ({"prompt": "q", "response": "42", "reasoning": 7}, WRONG_TYPE),
+])
+def test_bad_reasoning_is_rejected(record, reason):
+    with pytest.raises(AdaptError) as error:
+        to_conversation(record)
+    assert error.value.reason == reason
+
+
+def test_declared_reasoning_field_per_turn_and_per_record():
+    from transforms.classify import apply_field_map
+
+    turns = apply_field_map({"conversations": [{"from": "human", "value": "q"},
+                                               {"from": "gpt", "value": "42", "thought": "r"}]},
+                            {"reasoning": "thought"})
+    assert reply(to_conversation(turns))["reasoning_content"] == "r"
+    record = apply_field_map({"question": "q", "answer": "42", "thought": "r"},
+                             {"prompt": "question", "response": "answer", "reasoning": "thought"})
+    assert reply(to_conversation(record))["reasoning_content"] == "r"

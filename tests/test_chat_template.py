@@ -33,13 +33,21 @@ from transforms import chat_template, fast_encoder
 from transforms.adapters import AdaptError, Conversation, to_conversation
 from transforms.chat_template import (
     IGNORE_INDEX,
-    TEMPLATE_NOT_PREFIX_STABLE,
+    TOOLS_NOT_RENDERED,
+    TURN_NOT_LOCATED,
     EncodedExample,
     MaskOptions,
     RenderError,
     encode_conversations,
 )
-from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG
+from transforms.records import (
+    FULL_RENDER,
+    GENERATION_MARKERS,
+    NO_TRAINED_TOKENS,
+    PREFIX,
+    TEMPLATE_ERROR,
+    TOO_LONG,
+)
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 FAMILIES = ("chatml", "llama3", "mistral", "gemma")
@@ -478,8 +486,9 @@ def test_template_error_is_reported_per_conversation(toks):
     assert isinstance(first, EncodedExample) and np.array_equal(first.labels, third.labels)
 
 
-def test_template_that_rewrites_history_is_rejected(toks):
-    """Like templates that drop reasoning from earlier turns: the last turn renders differently."""
+def test_turn_the_template_rewrites_beyond_a_dropped_prefix_is_rejected(toks):
+    """A template that writes text into earlier replies (not only drops a leading part): no
+    method can say which text the model generates there, so the record is rejected."""
     tok = copy.deepcopy(toks["chatml"])
     tok.chat_template = (
         "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
@@ -489,11 +498,123 @@ def test_template_that_rewrites_history_is_rejected(toks):
     )
     two_turns = Conversation((user("a"), assistant("A"), user("b"), assistant("B")))
     (result,) = encode_conversations(tok, [two_turns], DEFAULT)
-    assert isinstance(result, RenderError) and result.reason == TEMPLATE_NOT_PREFIX_STABLE
+    assert isinstance(result, RenderError) and result.reason == TURN_NOT_LOCATED
     # Only the final turn is then well defined, and that is what last_turn_only trains.
     (only_last,) = encode_conversations(tok, [two_turns], MaskOptions(last_turn_only=True))
     found = [decode(tok, only_last.input_ids[a:b]) for a, b in segments(only_last.labels)]
     assert found == ["B<|im_end|>"]
+
+
+# --- templates that rewrite history, generation markers, reasoning, tools -----------------------
+
+# ChatML that writes a reply's reasoning only after the last user turn, as Qwen3's template does.
+REWRITING = (
+    "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m.role == 'user' %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{% if m.role == 'assistant' and loop.index0 > ns.last %}"
+    "{{ '<think>\\n' + (m.reasoning_content or '') + '\\n</think>\\n\\n' }}{% endif %}"
+    "{{ m.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def reasoning_reply(content: str, reasoning: str) -> dict:
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning}
+
+
+def trained_texts(tok, result: EncodedExample) -> list[str]:
+    return [decode(tok, result.input_ids[a:b]) for a, b in segments(result.labels)]
+
+
+def with_template(tok, source: str):
+    other = copy.deepcopy(tok)
+    other.chat_template = source
+    return other
+
+
+def test_a_history_rewriting_template_is_masked_from_its_full_rendering(toks):
+    tok = with_template(toks["chatml"], REWRITING)
+    chat = Conversation((user("a"), reasoning_reply("A", "think a"), user("b"),
+                         reasoning_reply("B", "think b")))
+    single = Conversation((user("a"), reasoning_reply("A", "think a")))
+    first, second = encode_conversations(tok, [chat, single], DEFAULT)
+    assert first.mask_method == FULL_RENDER and second.mask_method == PREFIX
+    # The earlier reply lost its reasoning in the full rendering: only what is left is trained.
+    assert "think a" not in decode(tok, first.input_ids)
+    assert trained_texts(tok, first) == ["A<|im_end|>", "<think>\nthink b\n</think>\n\nB<|im_end|>"]
+    assert trained_texts(tok, second) == ["<think>\nthink a\n</think>\n\nA<|im_end|>"]
+    # The tokens are those of the one full rendering, as apply_chat_template gives them.
+    expected = tok.apply_chat_template(list(chat.messages), tokenize=True, return_dict=True)
+    assert first.input_ids.tolist() == expected["input_ids"]
+
+
+def test_a_turn_after_rewritten_history_starts_after_its_own_header(toks):
+    """The generation prompt keeps an earlier reply's reasoning that the full rendering drops
+    (a later user turn exists): the turn starts after its header in the full rendering."""
+    tok = with_template(toks["chatml"], REWRITING)
+    chat = Conversation((user("a"), reasoning_reply("A", "r1"), {"role": "tool", "content": "t"},
+                         reasoning_reply("B", "r2"), user("b"), reasoning_reply("C", "r3")))
+    (result,) = encode_conversations(tok, [chat], DEFAULT)
+    assert result.mask_method == FULL_RENDER
+    assert trained_texts(tok, result) == ["A<|im_end|>", "B<|im_end|>",
+                                          "<think>\nr3\n</think>\n\nC<|im_end|>"]
+
+
+def test_untrained_reasoning_leaves_the_rest_of_the_reply_trained(toks):
+    tok = with_template(toks["chatml"], REWRITING)
+    chat = Conversation((user("a"), reasoning_reply("A", "think a"), user("b"),
+                         reasoning_reply("B", "think b")))
+    (result,) = encode_conversations(tok, [chat], MaskOptions(train_reasoning=False))
+    assert trained_texts(tok, result) == ["A<|im_end|>", "<think>\n", "\n</think>\n\nB<|im_end|>"]
+
+
+@pytest.mark.parametrize("train_reasoning", [True, False])
+def test_reasoning_goes_inline_where_the_template_has_no_place_for_it(toks, train_reasoning):
+    tok = toks["chatml"]  # its template never reads reasoning_content
+    chat = Conversation((user("q"), reasoning_reply("42", "six times seven")))
+    (result,) = encode_conversations(tok, [chat], MaskOptions(train_reasoning=train_reasoning))
+    assert "<think>\nsix times seven\n</think>\n\n42" in decode(tok, result.input_ids)
+    expected = (["<think>\nsix times seven\n</think>\n\n42<|im_end|>"] if train_reasoning
+                else ["<think>\n", "\n</think>\n\n42<|im_end|>"])
+    assert trained_texts(tok, result) == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generation_markers_are_used_and_agree_with_the_prefix_method(toks, family):
+    """A marked template's blocks are the mask (transformers' own); on these prefix-stable
+    templates, whose markers follow this project's convention, that is the prefix method's."""
+    plain = toks[family]
+    marked = with_template(plain, template(family, marked=True))
+    conversations = sample(adapted("chat/glaive_toolcall_en_demo.json")[0], 40) + multi_turn()[:40]
+    for options in (DEFAULT, MaskOptions(last_turn_only=True)):
+        ours = encode_conversations(plain, conversations, options)
+        theirs = encode_conversations(marked, conversations, options)
+        for a, b in zip(ours, theirs, strict=True):
+            assert isinstance(b, EncodedExample) and b.mask_method == GENERATION_MARKERS
+            assert a.mask_method == PREFIX
+            assert np.array_equal(a.input_ids, b.input_ids)
+            assert np.array_equal(a.labels, b.labels)
+
+
+def test_tool_calls_a_template_drops_are_rejected(toks):
+    """A template without tool support would train an empty reply in place of the call."""
+    tok = with_template(toks["chatml"], REWRITING)  # renders neither tools nor tool calls
+    conversations = [c for c in adapted("chat/glaive_toolcall_en_demo.json")[0][:40]]
+    results = encode_conversations(tok, conversations, DEFAULT)
+    for conversation, result in zip(conversations, results, strict=True):
+        has_tools = conversation.tools or any(m.get("tool_calls") for m in conversation.messages)
+        assert isinstance(result, RenderError) == bool(has_tools)
+        if has_tools:
+            assert result.reason == TOOLS_NOT_RENDERED
+    assert any(isinstance(r, RenderError) for r in results)
+    assert any(isinstance(r, EncodedExample) for r in results)
+
+
+def test_examples_pickle_with_their_mask_method():
+    example = EncodedExample(np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int32), 0,
+                             FULL_RENDER)
+    assert pickle.loads(pickle.dumps(example)).mask_method == FULL_RENDER
 
 
 # --- control-token text in content -------------------------------------------------------------

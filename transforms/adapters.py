@@ -24,6 +24,13 @@ types are checked by ``to_conversation`` so that a malformed record gets a preci
 Every structured format accepts an optional non-empty ``system`` string, prepended as a system
 message; a record that also carries a system turn is rejected (``duplicate_system``) rather
 than guessing which one wins.
+
+Reasoning. A reply's reasoning trace becomes its ``reasoning_content`` (the field Qwen3,
+DeepSeek-R1 and vLLM use), from: that field on a ``messages`` or ShareGPT turn; a
+``<think>...</think>`` block that opens the reply's text; or, for ``prompt_response`` and
+``alpaca``, a record-level ``reasoning`` string. An input declares another field with
+``#reasoning=FIELD`` (``classify.apply_field_map``). The chat template decides where it is
+rendered.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ BAD_TOOL_CALL = "bad_tool_call"
 BAD_TOOLS = "bad_tools"
 EMPTY_CONVERSATION = "empty_conversation"
 DUPLICATE_SYSTEM = "duplicate_system"
+DUPLICATE_REASONING = "duplicate_reasoning"
 UNKNOWN_FORMAT = "unknown_format"
 
 FORMATS = ("messages", "sharegpt", "prompt_response", "alpaca", "transcript")
@@ -56,6 +64,10 @@ SHAREGPT_ROLES = {
     "tool": "tool",
 }
 FUNCTION_CALL = "function_call"
+
+REASONING_CONTENT = "reasoning_content"  # a turn's reasoning
+REASONING = "reasoning"  # a record's reasoning, for the single-reply formats
+_THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
 
 TRANSCRIPT_FIELDS = ("chosen", "text")
 _TRANSCRIPT_TURN = re.compile(r"\n\n(Human|Assistant):")
@@ -76,7 +88,8 @@ class Conversation:
     """The canonical form: OpenAI-style messages and optional JSON-schema tool definitions.
 
     Messages are ``{"role", "content"}`` dicts; assistant messages may add ``tool_calls`` as
-    ``[{"type": "function", "function": {"name": str, "arguments": dict}}]``. Tools are in the
+    ``[{"type": "function", "function": {"name": str, "arguments": dict}}]`` and a non-empty
+    ``reasoning_content`` string. Tools are in the
     OpenAI ``{"type": "function", "function": {...}}`` form that chat templates expect.
     """
 
@@ -137,6 +150,7 @@ def _from_messages(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
                 f"messages[{i}].content must be a string",
             )
         message: dict[str, Any] = {"role": role, "content": content}
+        _add_reasoning(message, turn.get(REASONING_CONTENT), f"messages[{i}]")
         if calls:
             if role != "assistant":
                 raise AdaptError(BAD_TOOL_CALL, f"messages[{i}] has tool_calls but is {role!r}")
@@ -164,7 +178,9 @@ def _from_sharegpt(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
                 {"role": "assistant", "content": "", "tool_calls": _sharegpt_calls(text, i)}
             )
         elif isinstance(speaker, str) and speaker in SHAREGPT_ROLES:
-            messages.append({"role": SHAREGPT_ROLES[speaker], "content": text})
+            message = {"role": SHAREGPT_ROLES[speaker], "content": text}
+            _add_reasoning(message, turn.get(REASONING_CONTENT), f"conversations[{i}]")
+            messages.append(message)
         else:
             raise AdaptError(UNKNOWN_ROLE, f"conversations[{i}] has unknown speaker {speaker!r}")
     return messages, _tools(value)
@@ -174,7 +190,7 @@ def _from_prompt_response(value: dict) -> tuple[list[dict], None]:
     answer_field = "response" if "response" in value else "completion"
     return [
         {"role": "user", "content": _str_field(value, "prompt")},
-        {"role": "assistant", "content": _str_field(value, answer_field)},
+        _reply(value, _str_field(value, answer_field)),
     ], None
 
 
@@ -186,7 +202,7 @@ def _from_alpaca(value: dict) -> tuple[list[dict], None]:
         prompt = f"{prompt}\n\n{extra}"
     return [
         {"role": "user", "content": prompt},
-        {"role": "assistant", "content": _str_field(value, "output")},
+        _reply(value, _str_field(value, "output")),
     ], None
 
 
@@ -211,6 +227,31 @@ _ADAPTERS = {
     "alpaca": _from_alpaca,
     "transcript": _from_transcript,
 }
+
+
+def _reply(value: dict, content: str) -> dict:
+    """The assistant message of a single-reply record, with its record-level reasoning."""
+    message = {"role": "assistant", "content": content}
+    _add_reasoning(message, value.get(REASONING), repr(REASONING))
+    return message
+
+
+def _add_reasoning(message: dict, reasoning: Any, where: str) -> None:
+    """Sets an assistant message's ``reasoning_content`` from ``reasoning`` or from a
+    ``<think>`` block opening its content; a reply may not carry both."""
+    if message["role"] != "assistant":
+        return
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise AdaptError(WRONG_TYPE, f"{where}: the reasoning must be a string")
+    think = _THINK.match(message["content"])
+    if think is not None:
+        if reasoning and reasoning.strip():
+            raise AdaptError(DUPLICATE_REASONING, f"{where}: both a reasoning field and a "
+                             "<think> block in the reply")
+        reasoning = think.group(1)
+        message["content"] = message["content"][think.end():].lstrip("\n")
+    if reasoning and reasoning.strip("\n"):
+        message[REASONING_CONTENT] = reasoning.strip("\n")
 
 
 def _transcript_field(value: dict) -> str | None:

@@ -1,24 +1,42 @@
 """Chat-template rendering, assistant-only loss masks that work with any template, and overflow.
 
-Stock chat templates carry no ``{% generation %}`` markers, so transformers'
-``return_assistant_tokens_mask`` cannot be relied on. Instead every conversation is rendered
-prefix by prefix and the text each assistant turn adds is located by character offsets:
+Every conversation is rendered once in full, exactly as ``apply_chat_template(messages,
+tokenize=False)`` renders it; those are the tokens. The trained spans are character spans of
+that text, found by one of three methods (``EncodedExample.mask_method``; the manifest counts
+each):
 
-* ``prompt_i``: ``messages[:i]`` rendered with ``add_generation_prompt=True``, i.e. everything
-  the model has seen when it starts to write turn ``i``;
-* ``turn_i``: ``messages[:i + 1]`` rendered without a generation prompt.
+* ``generation_markers``: the template carries ``{% generation %}`` blocks (TRL's
+  ``*_training.jinja`` templates do); the blocks are the spans, tracked by transformers' own
+  extension as in ``return_assistant_tokens_mask``.
+* ``prefix``: stock templates carry no markers, so every trained turn ``i`` is located by
+  rendering prefixes: ``prompt_i``, ``messages[:i]`` with ``add_generation_prompt=True``
+  (everything the model has seen when it starts to write turn ``i``), and ``turn_i``,
+  ``messages[:i + 1]``. The span is ``turn_i[len(prompt_i):]`` with trailing whitespace
+  trimmed: what the model generates after the generation prompt, up to and including its
+  end-of-turn token. The whitespace after that token (ChatML's and Gemma's ``"\\n"``) is glue the
+  template writes between turns; the model stops at the end-of-turn token and never generates it.
+* ``full_render``: templates that rewrite history (Qwen3, DeepSeek-R1 and QwQ style templates
+  drop an earlier reply's reasoning once a later user turn exists) render a turn differently
+  alone and in the full conversation. Locating a turn: it starts where ``prompt_i`` ends in the
+  full rendering, or, when the history before it is rewritten too, right after its role header
+  (the first one after the previous turn, taken only where the header holds a control token and
+  no content holds control-token text, so no content can imitate it); the span is then the
+  longest tail of what the turn generates alone that the full rendering holds there, provided it
+  still holds the reply's content. Anything else is rejected as ``turn_not_located``, never
+  trained on a guess.
 
-Both must be prefixes of the full rendering, otherwise the template rewrites history and no
-per-turn mask can be read off it (``template_not_prefix_stable``). The trained span of turn
-``i`` is ``turn_i[len(prompt_i):]`` with trailing whitespace trimmed: exactly what the model
-must generate after the generation prompt, up to and including its end-of-turn token. The
-whitespace after the end-of-turn token (ChatML's ``"\\n"``, Gemma's ``"\\n"``) is glue that the
-template writes between turns; the model stops at the end-of-turn token and never generates it,
-and the ``{% generation %}`` blocks of stock templates end before it too. Spans become token
-positions through the tokenizer's character offsets: a token is trained when it overlaps the
-span, the rule transformers applies to generation blocks. Where the tokenizer is proven to be
-the offline Qwen2 one, tiktoken encodes the text between added tokens and the same positions
-come from the tokens' byte lengths, with no offsets (``_PieceEncoder``).
+Spans become token positions through the tokenizer's character offsets: a token is trained when
+it overlaps a span, the rule transformers applies to generation blocks. Where the tokenizer is
+proven to be the offline Qwen2 one, tiktoken encodes the text between added tokens and the same
+positions come from the tokens' byte lengths, with no offsets (``_PieceEncoder``).
+
+Reasoning. A reply's ``reasoning_content`` is rendered where the template puts it; a template
+that never reads the field gets it inline, ``<think>\\n...\\n</think>\\n\\n`` before the content
+(``inline_reasoning``), so no trace is lost. Under ``train_reasoning=False`` the reasoning text
+is cut out of the spans: each reply's reasoning is swapped for a probe, the conversation
+rendered again, and what surrounds the probe locates the reasoning in the full rendering (the
+``<think>`` tags stay trained). Tool calls and tool definitions that a template drops are
+rejected as ``tools_not_rendered``: the turn would teach an empty reply.
 
 Control-token text in content. A user message that contains the string ``<|im_end|>`` must not
 become the end-of-turn token, or one message could forge turn structure. Conversations whose
@@ -96,7 +114,15 @@ from transforms.fast_encoder import (
     joinable,
     qwen2_encoding,
 )
-from transforms.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOO_LONG, strings_in
+from transforms.records import (
+    FULL_RENDER,
+    GENERATION_MARKERS,
+    NO_TRAINED_TOKENS,
+    PREFIX,
+    TEMPLATE_ERROR,
+    TOO_LONG,
+    strings_in,
+)
 from transforms.tokenizer import private_backend
 
 if TYPE_CHECKING:
@@ -104,7 +130,8 @@ if TYPE_CHECKING:
     from tokenizers import Encoding
     from transformers import PreTrainedTokenizerBase
 
-TEMPLATE_NOT_PREFIX_STABLE = "template_not_prefix_stable"
+TURN_NOT_LOCATED = "turn_not_located"
+TOOLS_NOT_RENDERED = "tools_not_rendered"
 CONTROL_TOKEN_TEXT = "control_token_text"
 IGNORE_INDEX = -100
 OVERFLOW_POLICIES = ("truncate", "drop")
@@ -117,6 +144,11 @@ _MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a temp
 
 # Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
 _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
+_PROBE = "\ufdd2\ufdd3"  # stands for a reply's reasoning while it is located (no newline: kept
+# as it is by the templates' strip('\n'))
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+REASONING_FIELD = "reasoning_content"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +157,7 @@ class MaskOptions:
 
     last_turn_only: bool = False  # train only the conversation's final assistant message
     train_end_of_turn: bool = True  # train the end-of-turn token(s) that close each turn
+    train_reasoning: bool = True  # train the reasoning text the template renders in a reply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,22 +167,25 @@ class EncodedExample:
     input_ids: np.ndarray  # int32
     labels: np.ndarray  # int32
     tokens_cut: int = 0  # tokens the overflow policy removed (0: the whole conversation)
+    mask_method: str = PREFIX  # how the trained spans were found (MASK_METHODS)
 
     def __reduce__(self) -> tuple:
         """Pickled as one bytes object: about half the time of two pickled arrays, and Beam
         pickles examples between steps and to estimate their size."""
         ids, labels = self.input_ids, self.labels
         if ids.dtype != _INT32_LE or labels.dtype != _INT32_LE or ids.ndim != 1 or labels.ndim != 1:
-            return (EncodedExample, (ids, labels, self.tokens_cut))
-        return (_unpickle_example, (ids.tobytes() + labels.tobytes(), len(ids), self.tokens_cut))
+            return (EncodedExample, (ids, labels, self.tokens_cut, self.mask_method))
+        return (_unpickle_example, (ids.tobytes() + labels.tobytes(), len(ids), self.tokens_cut,
+                                    self.mask_method))
 
 
 _INT32_LE = np.dtype("<i4")
 
 
-def _unpickle_example(data: bytes, n_ids: int, tokens_cut: int) -> EncodedExample:
+def _unpickle_example(data: bytes, n_ids: int, tokens_cut: int,
+                      mask_method: str = PREFIX) -> EncodedExample:
     values = np.frombuffer(bytearray(data), dtype=_INT32_LE)  # writeable, like the originals
-    return EncodedExample(values[:n_ids], values[n_ids:], tokens_cut)
+    return EncodedExample(values[:n_ids], values[n_ids:], tokens_cut, mask_method)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +211,7 @@ class _Rendered:
     text: str
     spans: list[tuple[int, int]]  # character spans [start, end) of trained text
     marked: str | None  # the text with control-token text from content marked, if it has any
+    method: str = PREFIX  # how the spans were found
 
 
 class _Unrenderable(Exception):
@@ -253,7 +290,10 @@ class _Encoder:
                    for has_tools in (False, True)}
         compiled = {k: _compile(t) for k, t in sources.items()}
         self.templates = {k: (t, dict(t.globals)) for k, t in compiled.items()}
+        self.has_markers = {k: bool(_GENERATION_TAG.search(t)) for k, t in sources.items()}
+        self.renders_reasoning = {k: REASONING_FIELD in t for k, t in sources.items()}
         self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
+        self.stage = ""  # what is being rendered, for error messages
         self.template_kwargs = dict(tok.special_tokens_map)
         controls = _control_tokens(tok, tuple(sources.values()))
         self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
@@ -328,13 +368,21 @@ class _Encoder:
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
 
     def _messages(self, conversation: Conversation) -> list[dict]:
+        """The messages the template sees: the system prompt added where there is none, and
+        reasoning inline in the reply for a template that does not render ``reasoning_content``
+        itself (``inline_reasoning``)."""
         messages = list(conversation.messages)
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if not self.renders_reasoning[bool(conversation.tools)]:
+            messages = [inline_reasoning(m) if REASONING_FIELD in m else m for m in messages]
         return messages
 
     def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
-                     generation_prompt: bool = False) -> str:
+                     generation_prompt: bool = False,
+                     blocks: list[tuple[int, int]] | None = None) -> str:
+        """The template's text; ``blocks``, where given, receives the character spans of its
+        ``{% generation %}`` blocks (transformers' tracker, as in ``apply_chat_template``)."""
         template, template_globals = self.templates[tools is not None]
         # What ``template.render`` does, less merging the globals (a ChainMap) on every call.
         context = template.new_context(
@@ -343,7 +391,12 @@ class _Encoder:
         environment = template.environment
         with self.watchdog:  # may raise _RenderTimeout
             try:
-                return environment.concat(template.root_render_func(context))
+                if blocks is None:
+                    return environment.concat(template.root_render_func(context))
+                pieces: list[str] = []
+                with environment.activate_tracker(pieces, blocks):
+                    pieces.extend(template.root_render_func(context))
+                return environment.concat(pieces)
             except Exception:
                 environment.handle_exception()  # re-raises, with the template's lines
 
@@ -359,37 +412,110 @@ class _Encoder:
             raise _Unrenderable(NO_TRAINED_TOKENS, "no assistant turn with content to train")
 
         tools = list(conversation.tools) if conversation.tools else None
-        stage = "the conversation"
+        self.stage = "the conversation"
         try:
-            full = self._render_text(messages, tools)
-            prefixes = []
-            for i in turns:
-                # An assistant turn first in the conversation needs the template to render an
-                # empty history with a generation prompt.
-                stage = f"the generation prompt before assistant message {i}"
-                prompt = self._render_text(messages[:i], tools, generation_prompt=True)
-                stage = f"the conversation up to assistant message {i}"
-                last = i + 1 == len(messages)
-                prefixes.append((prompt, full if last else self._render_text(messages[: i + 1],
-                                                                             tools)))
+            blocks = [] if self.has_markers[tools is not None] else None
+            full = self._render_text(messages, tools, blocks=blocks)
+            if blocks is not None:
+                spans = self._marked_spans(messages, tools, turns, full, blocks)
+                method = GENERATION_MARKERS
+            else:
+                spans, method = self._located_spans(messages, tools, turns, full)
+            if not self.options.train_reasoning:
+                self.stage = "the conversation with a reasoning probe"
+                spans = self._without_reasoning(conversation, tools, turns, full, spans)
             marked = None
             if self._holds_control_text(messages, tools):
-                stage = "the conversation with control-token text marked"
+                self.stage = "the conversation with control-token text marked"
                 marked = self._render_text(_mark(messages, self.control_re),
                                            _mark(tools, self.control_re))
+        except _Unrenderable:
+            raise
         except _RenderTimeout:
-            message = (f"chat template exceeded the time limit on {stage}: one render took more "
-                       f"than {self.watchdog.limit:g} s of CPU time")
+            message = (f"chat template exceeded the time limit on {self.stage}: one render took "
+                       f"more than {self.watchdog.limit:g} s of CPU time")
             raise _Unrenderable(TEMPLATE_ERROR, message) from None
         except Exception as e:  # templates are arbitrary code: any failure rejects the record
-            message = f"chat template failed on {stage}: {type(e).__name__}: {e}"
+            message = f"chat template failed on {self.stage}: {type(e).__name__}: {e}"
             raise _Unrenderable(TEMPLATE_ERROR, message) from e
-        spans = [_span(full, prompt, turn, i) for i, (prompt, turn) in zip(turns, prefixes,
-                                                                            strict=True)]
+        _check_tools_rendered(full, spans, tools, [messages[i] for i in turns])
         if marked is not None and self.markers_re.sub(_unmark, marked) != full:
             raise _Unrenderable(CONTROL_TOKEN_TEXT, "the template alters content that holds "
                                 "control-token text, so it cannot be kept as plain text")
-        return _Rendered(full, spans, marked)
+        return _Rendered(full, spans, marked, method)
+
+    def _located_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
+                       full: str) -> tuple[list[tuple[int, int]], str]:
+        """Each turn's span, located by rendering the conversation prefix by prefix
+        (``_locate_turn``), and the method that took: ``full_render`` where any turn or the
+        history before it renders differently in ``full``."""
+        spans, method = [], PREFIX
+        for i in turns:
+            # An assistant turn first in the conversation needs the template to render an empty
+            # history with a generation prompt.
+            self.stage = f"the generation prompt before assistant message {i}"
+            prompt = self._render_text(messages[:i], tools, generation_prompt=True)
+            start = len(prompt) if full.startswith(prompt) else None
+            if start is None:  # the history before the turn is rewritten in ``full``
+                self.stage = f"the conversation before assistant message {i}"
+                history = self._render_text(messages[:i], tools)
+                after = spans[-1][1] if spans else 0
+                start = self._after_header(full, prompt, history, after, messages, tools)
+            self.stage = f"the conversation up to assistant message {i}"
+            last = i + 1 == len(messages)
+            turn = full if last else self._render_text(messages[: i + 1], tools)
+            span, rewritten = _locate_turn(full, start, prompt, turn, messages[i], i)
+            spans.append(span)
+            method = FULL_RENDER if rewritten else method
+        return spans, method
+
+    def _after_header(self, full: str, prompt: str, history: str, after: int,
+                      messages: list[dict], tools: list[dict] | None) -> int | None:
+        """Where a turn starts in ``full`` when the history before it renders differently there:
+        after the first role header (the generation prompt less the history it follows) at or
+        after ``after``, the end of the turn before. That is the turn's own header only when no
+        content can hold the header's text: the header holds a control token and no content
+        holds control-token text. Otherwise None: not located."""
+        header = prompt[len(history):] if prompt.startswith(history) else ""
+        if not self.control_re.search(header) or self._holds_control_text(messages, tools):
+            return None
+        at = full.find(header, after)
+        return None if at < 0 else at + len(header)
+
+    def _marked_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
+                      full: str, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The template's own ``{% generation %}`` blocks; under ``last_turn_only`` those that
+        follow the generation prompt of the last assistant turn."""
+        if not self.options.last_turn_only:
+            return list(blocks)
+        prompt = self._render_text(messages[: turns[-1]], tools, generation_prompt=True)
+        if not full.startswith(prompt):
+            raise _Unrenderable(TURN_NOT_LOCATED, "the generation prompt before the last "
+                                "assistant message is not a prefix of the full rendering")
+        return [(a, b) for a, b in blocks if a >= len(prompt)]
+
+    def _without_reasoning(self, conversation: Conversation, tools: list[dict] | None,
+                           turns: list[int], full: str, spans: list[tuple[int, int]]
+                           ) -> list[tuple[int, int]]:
+        """``spans`` less the reasoning text each trained turn renders (``--train_reasoning``).
+
+        Each turn's reasoning is swapped for a probe and the conversation rendered again; what
+        surrounds the probe is what surrounds the reasoning in the full rendering.
+        """
+        base = self._messages(Conversation(conversation.messages, conversation.tools))
+        offset = len(base) - len(conversation.messages)  # a system prompt added in front
+        for i in turns:
+            reasoning = conversation.messages[i - offset].get(REASONING_FIELD)
+            if not reasoning:
+                continue
+            probed = list(conversation.messages)
+            probed[i - offset] = {**probed[i - offset], REASONING_FIELD: _PROBE}
+            text = self._render_text(self._messages(Conversation(tuple(probed),
+                                                                  conversation.tools)), tools)
+            region = _probed_region(full, text, i)
+            if region is not None:
+                spans = _subtract(spans, region)
+        return spans
 
     def _holds_control_text(self, messages: list[dict], tools: list[dict] | None) -> bool:
         search = self.control_re.search
@@ -417,7 +543,8 @@ class _Encoder:
         ranges = list(_token_ranges(offsets, rendered.spans))
         first = np.array([a for a, _ in ranges], dtype=np.int64)
         stop = np.array([b for _, b in ranges], dtype=np.int64)
-        return self._labelled(_TokenRun(input_ids, [0, len(input_ids)]), first, stop)[0]
+        return self._labelled(_TokenRun(input_ids, [0, len(input_ids)]), first, stop,
+                              [rendered.method])[0]
 
     def _masked_run(self, run: _TokenRun, rendered: list[_Rendered]
                     ) -> list[EncodedExample | RenderError]:
@@ -446,10 +573,10 @@ class _Encoder:
         # Tokens starting before the span's end: those ending before it, and one more.
         stop = np.minimum(np.searchsorted(token_ends, base + np.array(highs, dtype=np.int64),
                                           "left") + 1, bounds[owner + 1])
-        return self._labelled(run, first, stop)
+        return self._labelled(run, first, stop, [r.method for r in rendered])
 
-    def _labelled(self, run: _TokenRun, first: np.ndarray, stop: np.ndarray
-                  ) -> list[EncodedExample | RenderError]:
+    def _labelled(self, run: _TokenRun, first: np.ndarray, stop: np.ndarray,
+                  methods: list[str]) -> list[EncodedExample | RenderError]:
         """Each text's example: labels are the ids in the token ranges [first, stop), less the
         end-of-turn tokens that close a range unless they are trained; an error for a text
         with no trained token."""
@@ -468,10 +595,11 @@ class _Encoder:
         trained = np.cumsum(depth[:-1]) > 0
         labels = np.where(trained, run.ids, IGNORE_INDEX).astype(np.int32)
         counts = np.concatenate(([0], np.cumsum(trained)))[run.bounds]
-        return [EncodedExample(run.ids[a:b], labels[a:b]) if n_end > n_start else
-                RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
-                for a, b, n_start, n_end in zip(run.bounds, run.bounds[1:], counts.tolist(),
-                                                counts[1:].tolist(), strict=False)]
+        return [EncodedExample(run.ids[a:b], labels[a:b], mask_method=method) if n_end > n_start
+                else RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
+                for a, b, n_start, n_end, method in zip(
+                    run.bounds, run.bounds[1:], counts.tolist(), counts[1:].tolist(), methods,
+                    strict=False)]
 
     def _encode_marked(self, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and offsets (into the unmarked text) of a marked rendering.
@@ -839,23 +967,95 @@ def _trainable(message: dict) -> bool:
         message["content"].strip() or message.get("tool_calls"))
 
 
-def _span(full: str, prompt: str, turn: str, i: int) -> tuple[int, int]:
-    """The trained character span of assistant message ``i``; checks prefix stability."""
-    for name, prefix in (("prompt", prompt), ("turn", turn)):
-        if not full.startswith(prefix):
-            at = _first_difference(full, prefix)
-            raise _Unrenderable(
-                TEMPLATE_NOT_PREFIX_STABLE,
-                f"the {name} rendering up to assistant message {i} is not a prefix of the "
-                f"full rendering (they differ at character {at}: {prefix[at : at + 40]!r} vs "
-                f"{full[at : at + 40]!r})",
-            )
-    if len(prompt) > len(turn):
-        raise _Unrenderable(
-            TEMPLATE_NOT_PREFIX_STABLE,
-            f"the generation prompt before assistant message {i} is not a prefix of the turn",
-        )
-    return len(prompt), max(len(prompt), len(turn.rstrip()))
+def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: dict, i: int
+                 ) -> tuple[tuple[int, int], bool]:
+    """The trained character span of assistant message ``i`` in ``full``, and whether the
+    template rewrote the turn or the history before it there (module docstring, "Locating a
+    turn").
+
+    ``start`` is where the turn starts in ``full`` (None: not found), ``prompt`` renders the
+    messages before the turn with the generation prompt, ``turn`` those up to and including it.
+    What the model generates when the turn is the last one, ``turn[len(prompt):]`` less the glue
+    after its end-of-turn token, is in ``full`` at ``start`` as it is (prefix-stable), or only
+    its tail is, when the template drops a leading part (reasoning) from earlier replies: then
+    the longest tail that ``full`` holds at ``start`` is the span, provided it still holds the
+    reply's content.
+    """
+    if start is None or not turn.startswith(prompt):
+        raise _Unrenderable(TURN_NOT_LOCATED, f"the start of assistant message {i} cannot be "
+                            "found in the full rendering: the template rewrites the conversation "
+                            "before it")
+    generated = turn[len(prompt):].rstrip()
+    if full.startswith(generated, start):
+        return (start, start + len(generated)), start != len(prompt)
+    first = full[start : start + 1]
+    k = generated.find(first, 1) if first else -1
+    while k > 0:
+        tail = generated[k:]
+        if full.startswith(tail, start) and _holds_reply(tail, message):
+            return (start, start + len(tail)), True
+        k = generated.find(first, k + 1)
+    at = _first_difference(full[start:], generated)
+    alone, within = generated[at : at + 40], full[start + at : start + at + 40]
+    raise _Unrenderable(TURN_NOT_LOCATED, f"assistant message {i} renders differently alone and "
+                        "in the full conversation, beyond a dropped leading part (at character "
+                        f"{start + at}: {alone!r} vs {within!r})")
+
+
+def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[dict] | None,
+                          trained: list[dict]) -> None:
+    """Rejects a conversation whose tool definitions or trained tool calls the template drops
+    (a stock template without tool support): training the turn would teach an empty reply."""
+    missing = [t["function"]["name"] for t in tools or () if t["function"]["name"] not in full]
+    if missing:
+        raise _Unrenderable(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
+                            f"definitions ({', '.join(missing)}); use a template with tool support")
+    trained_text = "\0".join(full[a:b] for a, b in spans)
+    calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
+    if any(name not in trained_text for name in calls):
+        raise _Unrenderable(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
+                            "tool calls in its reply; use a template with tool support")
+
+
+def _holds_reply(tail: str, message: dict) -> bool:
+    """Whether a located tail still holds the reply's content (its tool calls are checked for
+    every turn by ``_check_tools_rendered``)."""
+    return message["content"].strip() in tail
+
+
+def _probed_region(full: str, probed: str, i: int) -> tuple[int, int] | None:
+    """Where the text that ``_PROBE`` stands for in ``probed`` lies in ``full``, or None when the
+    template does not render it: ``probed`` must hold ``full`` but for that text."""
+    at = probed.find(_PROBE)
+    if at < 0:
+        return None
+    after = probed[at + len(_PROBE) :]
+    if (_PROBE in after or len(probed) - len(_PROBE) > len(full)
+            or not (full.startswith(probed[:at]) and full.endswith(after))):
+        raise _Unrenderable(TURN_NOT_LOCATED, f"the reasoning of assistant message {i} cannot be "
+                            "located: the template renders the rest of the conversation "
+                            "differently around it")
+    return at, len(full) - len(after)
+
+
+def _subtract(spans: list[tuple[int, int]], region: tuple[int, int]) -> list[tuple[int, int]]:
+    """``spans`` less the characters of ``region``."""
+    x, y = region
+    kept = []
+    for a, b in spans:
+        kept += [(a, min(b, x))] if a < x else []
+        kept += [(max(a, y), b)] if b > y else []
+    return [(a, b) for a, b in kept if b > a]
+
+
+def inline_reasoning(message: dict) -> dict:
+    """``message`` with its ``reasoning_content`` written before its content in the common
+    ``<think>`` form, for templates that do not render the field themselves."""
+    message = dict(message)
+    reasoning = message.pop(REASONING_FIELD)
+    if reasoning:
+        message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{message['content']}"
+    return message
 
 
 def _token_ranges(

@@ -135,6 +135,10 @@ class InstructionOptions(PipelineOptions):
             help="Whether the end-of-turn token after each trained assistant turn carries loss "
             "(default true).")
         group.add_argument(
+            "--train_reasoning", type=boolean, default=True,
+            help="Whether the reasoning a reply carries (reasoning_content, a <think> block, or "
+            "#reasoning=FIELD), where the chat template renders it, carries loss (default true).")
+        group.add_argument(
             "--max_segments_per_pack", type=non_negative_int, default=0,
             help="Cap on examples per packed sequence; 0 means no cap (default).")
         group.add_argument(
@@ -185,6 +189,7 @@ class InstructionConfig:
     assistant_turns: str
     train_end_of_turn: bool
     max_segments_per_pack: int
+    train_reasoning: bool = True
     schemas: tuple[tuple[str, str], ...] = ()  # (format, path) of user schemas
     max_turns: int = 0
     max_chars: int = 0
@@ -198,6 +203,7 @@ class InstructionConfig:
         config = cls(seq_len=view.seq_len, chat_template=view.chat_template,
                      system_prompt=view.system_prompt, assistant_turns=view.assistant_turns,
                      train_end_of_turn=view.train_end_of_turn,
+                     train_reasoning=view.train_reasoning,
                      max_segments_per_pack=view.max_segments_per_pack,
                      schemas=parse_schema_options(view.schema), max_turns=view.max_turns,
                      max_chars=view.max_chars, overflow=view.overflow,
@@ -211,7 +217,8 @@ class InstructionConfig:
     @property
     def mask_options(self) -> MaskOptions:
         return MaskOptions(last_turn_only=self.assistant_turns == "last",
-                           train_end_of_turn=self.train_end_of_turn)
+                           train_end_of_turn=self.train_end_of_turn,
+                           train_reasoning=self.train_reasoning)
 
     @property
     def limits(self) -> ConversationLimits:
@@ -294,6 +301,7 @@ class EncodeConversations(OverlappedStep):
                 continue
             kept.append(result)
             origins.append(record.origin)
+            self.count(f"instruction.mask_method.{result.mask_method}")
             if result.tokens_cut:
                 self.count("instruction.truncated")
                 self.count("instruction.truncated_tokens", result.tokens_cut)

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.records import MASK_METHODS
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "numpy",
@@ -118,6 +120,10 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "examples": kept_examples,
             "tokens": instruction.get("tokens", 0),
             "trained_tokens": instruction.get("trained_tokens", 0),
+            # every conversation encoded (validation split included), by loss-mask method
+            "mask_methods": {method: instruction.get(f"mask_method.{method}", 0)
+                             + validation.get(f"instruction.mask_method.{method}", 0)
+                             for method in MASK_METHODS},
             "packs": packs,
             "seq_len": seq_len,
             "packed_tokens": packed_tokens,

@@ -24,7 +24,8 @@ FORMATS = ("jsonl", "json", "parquet", "text", "csv")
 # Fields a declared mapping may fill (``#prompt=question``): what classification and the
 # instruction adapters read.
 CANONICAL_FIELDS = ("text", "messages", "conversations", "tools", "prompt", "response",
-                    "completion", "instruction", "input", "output", "system", "chosen")
+                    "completion", "instruction", "input", "output", "system", "chosen",
+                    "reasoning")
 TEXT_UNITS = ("file", "line", "paragraph")
 
 # Reason codes. They are part of the output contract (rejected/ files and manifest.json).
@@ -42,6 +43,10 @@ WRONG_TYPE = "wrong_type"
 NO_TRAINED_TOKENS = "no_trained_tokens"
 TOO_LONG = "too_long"
 TEMPLATE_ERROR = "template_error"
+
+# How the instruction branch found a conversation's trained spans (chat_template's docstring).
+PREFIX, FULL_RENDER, GENERATION_MARKERS = "prefix", "full_render", "generation_markers"
+MASK_METHODS = (PREFIX, FULL_RENDER, GENERATION_MARKERS)
 
 RAW_CAP_BYTES = 4096  # how much of a rejected record's raw text is kept in rejected/
 
