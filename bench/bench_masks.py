@@ -1,0 +1,82 @@
+"""Cost per example of each loss-mask method, on the same conversations and tokenizer.
+
+The real Qwen3 tokenizer (``../shared/tokenizers/qwen3``) encodes the shared multi-turn chat and
+tool-call conversations three ways, each timed as the best of ``--repeats`` runs:
+
+* ``full_render``: Qwen3's stock template, which rewrites history, so multi-turn conversations
+  are located in the full rendering;
+* ``prefix``: TRL's ``qwen3_training.jinja`` with its ``{% generation %}`` tags removed, a
+  prefix-stable template of the same family and length: the reference;
+* ``generation_markers``: the same TRL template with its tags.
+
+    .venv/bin/python -m bench.bench_masks [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import re
+import time
+from pathlib import Path
+
+import trl
+from transformers import AutoTokenizer
+
+from transforms.adapters import AdaptError, Conversation, to_conversation
+from transforms.chat_template import EncodedExample, MaskOptions, encode_conversations
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+FILES = ("chat/fastchat_dummy_conversation.json", "chat/kto_en_demo_messages.json",
+         "chat/glaive_toolcall_en_demo.json", "chat/glaive_toolcall_zh_demo.json")
+TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
+
+
+def conversations() -> list[Conversation]:
+    found = []
+    for relative in FILES:
+        for row in json.loads((SHARED / "data" / relative).read_text(encoding="utf-8")):
+            with contextlib.suppress(AdaptError):  # the few the adapters reject
+                found.append(to_conversation(row))
+    return found
+
+
+def timed(tok, chats: list[Conversation], repeats: int) -> tuple[float, collections.Counter]:
+    best, methods = float("inf"), collections.Counter()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        results = encode_conversations(tok, chats, MaskOptions())
+        best = min(best, time.perf_counter() - start)
+        methods = collections.Counter(r.mask_method if isinstance(r, EncodedExample) else r.reason
+                                      for r in results)
+    return best, methods
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    stock = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen3")
+    training = (Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja").read_text()
+    chats = conversations()
+    rows = []
+    for label, template in (("prefix (reference)", TAGS.sub("", training)),
+                            ("full_render (stock Qwen3)", stock.chat_template),
+                            ("generation_markers", training)):
+        tok = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen3")
+        tok.chat_template = template
+        seconds, methods = timed(tok, chats, args.repeats)
+        rows.append((label, seconds, methods))
+    reference = rows[0][1]
+    print(f"{len(chats)} conversations, Qwen3 tokenizer, best of {args.repeats}\n")
+    print("| method | us per conversation | x the prefix method | conversations by method |")
+    print("|---|---|---|---|")
+    for label, seconds, methods in rows:
+        print(f"| {label} | {seconds / len(chats) * 1e6:,.0f} | {seconds / reference:.2f} | "
+              f"{dict(sorted(methods.items()))} |")
+
+
+if __name__ == "__main__":
+    main()
