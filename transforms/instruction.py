@@ -123,7 +123,8 @@ class InstructionOptions(PipelineOptions):
             help="Maximum tokens per packed SFT sequence (default 2048).")
         group.add_argument(
             "--chat_template", default=None,
-            help="Path (local or gs://) to a Jinja chat template that overrides the tokenizer's.")
+            help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
+            "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3).")
         group.add_argument(
             "--system_prompt", default=None,
             help="System message added to conversations that have none.")

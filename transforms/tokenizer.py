@@ -45,67 +45,28 @@ QWEN2_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Chat templates that ship with the package (``transforms/templates/NAME.jinja``), for
+# ``--chat_template NAME`` where the tokenizer has no template or the wrong one.
+BUILTIN_TEMPLATES = ("chatml", "deepseekv3", "gemma3", "llama3", "mistral", "qwen3")
+
+
+def builtin_template(name: str) -> str:
+    """The text of the built-in chat template ``name`` (one of ``BUILTIN_TEMPLATES``)."""
+    if name not in BUILTIN_TEMPLATES:
+        raise ValueError(f"unknown built-in chat template {name!r}; the built-in templates are "
+                         f"{', '.join(BUILTIN_TEMPLATES)}")
+    path = importlib.resources.files("transforms").joinpath("templates", f"{name}.jinja")
+    text = path.read_text(encoding="utf-8")
+    return text.removesuffix("\n")  # the file's final newline (Jinja drops it when rendering)
+
+
 # Qwen2-Instruct's ChatML, with Qwen2.5's tool support: tool definitions go into the system turn,
 # assistant tool calls become <tool_call> blocks, and consecutive tool results share one user turn.
 # Like Qwen2-Instruct it adds "You are a helpful assistant." when there is no system message, so
 # training data is rendered exactly as the model will see it at inference. Tool-call arguments may
-# be a JSON string (OpenAI format) or an object (Qwen3 does the same).
-CHATML_TEMPLATE = r"""
-{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- messages[0].content }}
-    {%- else %}
-        {{- 'You are a helpful assistant.' }}
-    {%- endif %}
-    {{- '\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
-    {%- for tool in tools %}
-        {{- '\n' + (tool | tojson) }}
-    {%- endfor %}
-    {{- '\n</tools>\n\nFor each function call, return a json object with function name and ' }}
-    {{- 'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
-{%- elif messages[0].role == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- else %}
-    {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message.role == 'system' and loop.first %}
-    {%- elif message.role == 'assistant' and message.tool_calls %}
-        {{- '<|im_start|>assistant' }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}
-            {%- if tool_call.arguments is string %}
-                {{- tool_call.arguments }}
-            {%- else %}
-                {{- tool_call.arguments | tojson }}
-            {%- endif %}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == 'tool' %}
-        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
-        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}""".strip()
+# be a JSON string (OpenAI format) or an object (Qwen3 does the same). The default tokenizer's
+# template; it is the built-in ``chatml`` (templates/chatml.jinja).
+CHATML_TEMPLATE = builtin_template("chatml")
 
 # Bump when the build changes in a way the digest below cannot see (code, not settings).
 _BUILDER_VERSION = "1"
@@ -271,8 +232,10 @@ def load_tokenizer(
     """Returns the fast tokenizer for ``spec``, loading it at most once per process.
 
     ``spec`` is None or ``DEFAULT_TOKENIZER`` (offline Qwen2), a local directory, a ``gs://`` (any
-    Beam filesystem) directory, or a Hugging Face hub id. ``chat_template`` is a path to a Jinja
-    file that replaces the tokenizer's template. The result is shared: treat it as read-only.
+    Beam filesystem) directory, or a Hugging Face hub id. ``chat_template`` replaces the
+    tokenizer's template: a built-in one by name (``BUILTIN_TEMPLATES``) or a path (local or
+    ``gs://``) to a Jinja file; a name that is also an existing file is the file. The result is
+    shared: treat it as read-only.
     """
     key = (spec or DEFAULT_TOKENIZER, chat_template)
     with _cache_lock:
@@ -285,11 +248,28 @@ def load_tokenizer(
         return _cache[key]
 
 
-def _with_template(tok: PreTrainedTokenizerFast, path: str) -> PreTrainedTokenizerFast:
-    """A shallow copy with another chat template: the backend (the costly part) is shared."""
+def _with_template(tok: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
+    """A shallow copy with another chat template (``read_chat_template``): the backend (the
+    costly part) is shared."""
     other = copy.copy(tok)
-    other.chat_template = _read_text(path)
+    other.chat_template = read_chat_template(template)
     return other
+
+
+def read_chat_template(value: str) -> str:
+    """The text of ``--chat_template``: a built-in template's name, or a path to a Jinja file.
+
+    A local path that does not exist and is no built-in name is a ValueError that lists the
+    names, so a misspelt name fails clearly at start-up.
+    """
+    local = "://" not in value
+    exists = local and os.path.exists(os.path.expanduser(value))
+    if value in BUILTIN_TEMPLATES and not exists:
+        return builtin_template(value)
+    if local and not exists:
+        raise ValueError(f"chat template {value!r} is neither a built-in template "
+                         f"({', '.join(BUILTIN_TEMPLATES)}) nor an existing file")
+    return _read_text(os.path.expanduser(value) if local else value)
 
 
 def _auto_from_pretrained(source: str) -> PreTrainedTokenizerFast:

@@ -1,0 +1,230 @@
+"""Marked copies of real stock chat templates, built at test time, and the shared conversations.
+
+The vendors' templates are not stored in the repository: each marked copy is the stock template
+of a tokenizer in ``shared/tokenizers`` (or the project's ``CHATML_TEMPLATE``) with a few string
+replacements that put ``{% generation %}`` / ``{% endgeneration %}`` around what the project's
+convention trains in an assistant turn: everything after the role header, up to and including
+the end-of-turn token, without the whitespace glue the template writes after it. Every
+replacement must match exactly once in the stock text (``patch`` asserts it), so a changed
+vendor template fails loudly instead of yielding a silently different reference.
+
+Jinja blocks must nest, and stock templates often write a role header and the reply in one
+expression, or close the turn in another branch than the one that opened it; the patches
+therefore split such expressions, or capture the reply with ``{% set body %}...{% endset %}``
+and write the capture inside the generation block. The rendered text never changes, which the
+tests check on every shared conversation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+from tests.conftest import SHARED_DATA
+from transforms.adapters import AdaptError, Conversation, to_conversation
+
+GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
+TOKENIZERS = SHARED_DATA.parent / "tokenizers"
+REAL_FAMILIES = ("qwen3", "llama3_1", "gemma3", "deepseek_v3")
+DEFAULT_FAMILY = "chatml"  # the project's default tokenizer and its CHATML_TEMPLATE
+FAMILIES = (*REAL_FAMILIES, DEFAULT_FAMILY)
+
+# DeepSeek's control tokens use FULLWIDTH VERTICAL LINE and LOWER ONE EIGHTH BLOCK.
+_BAR, _SPACE = "\uff5c", "\u2581"
+DS_ASSISTANT = f"<{_BAR}Assistant{_BAR}>"
+DS_USER = f"<{_BAR}User{_BAR}>"
+DS_EOS = f"<{_BAR}end{_SPACE}of{_SPACE}sentence{_BAR}>"
+DS_TOOL_OUTPUTS_END = f"<{_BAR}tool{_SPACE}outputs{_SPACE}end{_BAR}>"
+
+END_OF_TURN = {
+    "qwen3": "<|im_end|>",
+    "chatml": "<|im_end|>",
+    "llama3_1": "<|eot_id|>",
+    "gemma3": "<end_of_turn>",
+    "deepseek_v3": DS_EOS,
+}
+
+# (what the stock template holds, what the marked copy holds instead, why). In the Python
+# strings below "\n" is a newline of the template's source and "\\n" the two characters of a
+# Jinja string escape.
+PATCHES: dict[str, list[tuple[str, str, str]]] = {
+    "qwen3": [
+        (
+            "{%- if loop.index0 > ns.last_query_index %}",
+            "{{- '<|im_start|>' + message.role + '\\n' }}\n"
+            "        {%- generation %}\n"
+            "        {%- if loop.index0 > ns.last_query_index %}",
+            "the assistant branch writes its role header once, before the three ways of writing "
+            "the reply, and opens the generation block after it",
+        ),
+        (
+            "'<|im_start|>' + message.role + '\\n<think>\\n' + ",
+            "'<think>\\n' + ",
+            "the reply with a think block no longer writes the header itself",
+        ),
+        (
+            "{%- else %}\n                {{- '<|im_start|>' + message.role + '\\n' + content }}",
+            "{%- else %}\n                {{- content }}",
+            "nor does the reply after the last query without reasoning (16-space indent)",
+        ),
+        (
+            "{%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}",
+            "{%- else %}\n            {{- content }}",
+            "nor the reply before the last query (12-space indent)",
+        ),
+        (
+            "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
+            "{{- '<|im_end|>' }}\n        {%- endgeneration %}\n        {{- '\\n' }}\n"
+            "    {%- elif message.role == \"tool\" %}",
+            "the block closes after <|im_end|>, before the newline glue",
+        ),
+    ],
+    "chatml": [
+        (
+            "{{- '<|im_start|>assistant' }}\n        {%- if message.content %}",
+            "{{- '<|im_start|>assistant' }}\n        {%- set body %}\n"
+            "        {%- if message.content %}",
+            "a reply with tool calls is captured: its header's newline is written by the reply "
+            "('\\n' + content or '\\n<tool_call>')",
+        ),
+        (
+            "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == 'tool' %}",
+            "{{- '<|im_end|>' }}\n        {%- endset %}\n        {{- body[:1] }}\n"
+            "        {%- generation %}{{- body[1:] }}{%- endgeneration %}\n        {{- '\\n' }}\n"
+            "    {%- elif message.role == 'tool' %}",
+            "its first character (that newline) is written before the block, the rest inside",
+        ),
+        (
+            "    {%- else %}\n        {{- '<|im_start|>' + message.role",
+            "    {%- elif message.role == 'assistant' %}\n"
+            "        {{- '<|im_start|>assistant\\n' }}{%- generation %}"
+            "{{- message.content + '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}\n"
+            "    {%- else %}\n        {{- '<|im_start|>' + message.role",
+            "a plain reply gets its own branch that splits header, reply and glue",
+        ),
+    ],
+    "llama3_1": [
+        (
+            "{{ content }}",
+            "{% if message['role'] == 'assistant' %}"
+            "{% set body = message['content'] | trim + '<|eot_id|>' %}"
+            "{{ content[:content|length - body|length] }}"
+            "{% generation %}{{ body }}{% endgeneration %}"
+            "{% else %}{{ content }}{% endif %}",
+            "content is bos + header + reply + <|eot_id|> in one string: an assistant's is cut "
+            "where its reply starts (no glue follows <|eot_id|>)",
+        ),
+    ],
+    "gemma3": [
+        (
+            "(first_user_prefix if loop.first else \"\") }}\n",
+            "(first_user_prefix if loop.first else \"\") }}\n    {%- set body -%}\n",
+            "the turn's text after '<start_of_turn>ROLE\\n' is captured",
+        ),
+        (
+            "{{ '<end_of_turn>\n' }}\n{%- endfor -%}",
+            "{{ '<end_of_turn>' }}\n    {%- endset -%}\n"
+            "    {%- if role == 'model' -%}{%- generation -%}{{ body }}{%- endgeneration -%}\n"
+            "    {%- else -%}{{ body }}{%- endif -%}\n"
+            "    {{ '\n' }}\n{%- endfor -%}",
+            "up to <end_of_turn>; a model turn's capture is written inside the block, the "
+            "newline glue after it",
+        ),
+    ],
+    "deepseek_v3": [
+        (
+            f"{{{{'{DS_ASSISTANT}' + message['content'] + '{DS_EOS}'}}}}",
+            f"{{{{'{DS_ASSISTANT}'}}}}{{% generation %}}"
+            f"{{{{message['content'] + '{DS_EOS}'}}}}{{% endgeneration %}}",
+            "a reply after a user turn: the block opens after <|Assistant|>",
+        ),
+        (
+            f"{{{{'{DS_TOOL_OUTPUTS_END}' + message['content'] + '{DS_EOS}'}}}}",
+            f"{{{{'{DS_TOOL_OUTPUTS_END}'}}}}{{% generation %}}"
+            f"{{{{message['content'] + '{DS_EOS}'}}}}{{% endgeneration %}}",
+            "a reply after tool outputs: the generation prompt there ends with "
+            "<|tool_outputs_end|>, so the block opens after it",
+        ),
+        # The branch for ``content is none`` (tool calls) is left unmarked: canonical messages
+        # always have string content, so it is never taken (the tests assert it).
+    ],
+}
+
+
+def patch(text: str, old: str, new: str) -> str:
+    """``text`` with ``old`` replaced by ``new``; ``old`` must occur exactly once."""
+    count = text.count(old)
+    assert count == 1, f"{old!r} occurs {count} times in the stock template, not once"
+    return text.replace(old, new)
+
+
+def marked(family: str, stock: str) -> str:
+    """The marked copy of ``family``'s stock template ``stock``."""
+    assert not GENERATION_TAG.search(stock), "the stock template already carries markers"
+    for old, new, _why in PATCHES[family]:
+        stock = patch(stock, old, new)
+    return stock
+
+
+def stock_template(tok) -> str:
+    """The tokenizer's own (default) chat template."""
+    return tok.get_chat_template()
+
+
+# --- the shared conversations -------------------------------------------------------------------
+
+SWEEP_FILES = (
+    *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
+    *sorted(f"instruction/{p.name}" for p in (SHARED_DATA / "instruction").iterdir()),
+    *sorted(f"math/{p.name}" for p in (SHARED_DATA / "math").glob("gsm8k_*.jsonl")),
+)
+# Files whose rows are in no instruction format (utterance logs, seed tasks with instances).
+NOT_ADAPTABLE = frozenset({
+    "chat/taskmaster4_coffee_data_07.json",
+    "instruction/stanford_alpaca_seed_tasks.jsonl",
+})
+
+
+def _rows(relative: str) -> list[dict]:
+    path = SHARED_DATA / relative
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+@functools.cache
+def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
+    """The file's conversations that adapt cleanly (GSM8K: question -> answer), and how many
+    rows did not."""
+    rows = _rows(relative)
+    if Path(relative).name.startswith("gsm8k"):
+        rows = [{"prompt": r["question"], "response": r["answer"]} for r in rows]
+    conversations, failed = [], 0
+    for row in rows:
+        try:
+            conversations.append(to_conversation(row))
+        except AdaptError:
+            failed += 1
+    return tuple(conversations), failed
+
+
+@functools.cache
+def sweep_conversations() -> tuple[tuple[str, tuple[Conversation, ...]], ...]:
+    """Every adaptable shared file with all its conversations; asserts the others adapt to
+    nothing and the adaptable ones lose no row."""
+    files = []
+    for relative in SWEEP_FILES:
+        conversations, failed = adapted(relative)
+        if relative in NOT_ADAPTABLE:
+            assert not conversations, relative
+            continue
+        assert conversations and not failed, relative
+        files.append((relative, conversations))
+    return tuple(files)
+
+
+def gsm8k_rows(relative: str = "math/gsm8k_test.jsonl") -> list[dict]:
+    return _rows(relative)
