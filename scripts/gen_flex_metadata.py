@@ -21,6 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.options import DESCRIPTION, PREP_GROUP, config_from_options
 from beam_pipeline.pipeline import BRANCH_GROUPS, argument_parser
+from transforms.tokenizer import BUILTIN_TEMPLATES
 
 METADATA_PATH = Path(__file__).resolve().parents[1] / "templates" / "flex" / "metadata.json"
 TEMPLATE_NAME = "LLM training-data preparation"
@@ -32,7 +33,8 @@ PATH_OPTIONS: dict[str, dict] = {
     "input": {"paramType": "TEXT", "regexes": [rf"^\s*{GCS_PATH}(\s*,\s*{GCS_PATH})*\s*$"]},
     "output": {"paramType": "GCS_WRITE_FOLDER", "regexes": [rf"^{GCS_PATH}$"]},
     "tokenizer": {"paramType": "TEXT", "regexes": [rf"^({GCS_PATH}|[\w.-]+(/[\w.-]+)?)$"]},
-    "chat_template": {"paramType": "GCS_READ_FILE", "regexes": [rf"^{GCS_PATH}$"]},
+    "chat_template": {"paramType": "TEXT",
+                      "regexes": [rf"^({GCS_PATH}|{'|'.join(BUILTIN_TEMPLATES)})$"]},
     "schema": {"paramType": "TEXT", "regexes": [rf"^\s*{SCHEMA}(\s*,\s*{SCHEMA})*\s*$"]},
 }
 # The smallest run the pipeline accepts; an option is required when leaving it out of this run

@@ -569,6 +569,15 @@ def test_untrained_reasoning_leaves_the_rest_of_the_reply_trained(toks):
     assert trained_texts(tok, result) == ["A<|im_end|>", "<think>\n", "\n</think>\n\nB<|im_end|>"]
 
 
+def test_untrained_reasoning_with_a_system_prompt_added(toks):
+    tok = with_template(toks["chatml"], REWRITING)
+    chat = Conversation((user("a"), reasoning_reply("A", "think a")))
+    (result,) = encode_conversations(tok, [chat], MaskOptions(train_reasoning=False),
+                                     system_prompt="Be brief.")
+    assert decode(tok, result.input_ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert trained_texts(tok, result) == ["<think>\n", "\n</think>\n\nA<|im_end|>"]
+
+
 @pytest.mark.parametrize("train_reasoning", [True, False])
 def test_reasoning_goes_inline_where_the_template_has_no_place_for_it(toks, train_reasoning):
     tok = toks["chatml"]  # its template never reads reasoning_content

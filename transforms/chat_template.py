@@ -367,12 +367,17 @@ class _Encoder:
                                "assistant turn fits")
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
 
+    def _added_in_front(self, conversation: Conversation) -> int:
+        """How many messages ``_messages`` puts before the conversation's own."""
+        return int(bool(self.system_prompt)
+                   and not any(m["role"] == "system" for m in conversation.messages))
+
     def _messages(self, conversation: Conversation) -> list[dict]:
         """The messages the template sees: the system prompt added where there is none, and
         reasoning inline in the reply for a template that does not render ``reasoning_content``
         itself (``inline_reasoning``)."""
         messages = list(conversation.messages)
-        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+        if self._added_in_front(conversation):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         if not self.renders_reasoning[bool(conversation.tools)]:
             messages = [inline_reasoning(m) if REASONING_FIELD in m else m for m in messages]
@@ -502,8 +507,7 @@ class _Encoder:
         Each turn's reasoning is swapped for a probe and the conversation rendered again; what
         surrounds the probe is what surrounds the reasoning in the full rendering.
         """
-        base = self._messages(Conversation(conversation.messages, conversation.tools))
-        offset = len(base) - len(conversation.messages)  # a system prompt added in front
+        offset = self._added_in_front(conversation)  # a system prompt
         for i in turns:
             reasoning = conversation.messages[i - offset].get(REASONING_FIELD)
             if not reasoning:
