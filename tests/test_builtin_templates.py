@@ -10,7 +10,6 @@ compares every shared conversation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -19,38 +18,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHARED_DATA
+from tests.support.shared_chats import SWEEP_FILES, adapted
 from transforms import tokenizer as tk
-from transforms.adapters import AdaptError, Conversation, to_conversation
+from transforms.adapters import Conversation
 
 TOKENIZERS = SHARED_DATA.parent / "tokenizers"
 TEST_TEMPLATES = Path(__file__).parent / "data" / "templates"
 # Built-in template -> the folder of the real tokenizer whose stock template it reproduces.
 STOCK = {"qwen3": "qwen3", "llama3": "llama3_1", "gemma3": "gemma3", "deepseekv3": "deepseek_v3"}
-SWEEP_FILES = [
-    *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
-    *sorted(f"instruction/{p.name}" for p in (SHARED_DATA / "instruction").iterdir()),
-    *sorted(f"math/{p.name}" for p in (SHARED_DATA / "math").glob("gsm8k_*.jsonl")),
-]
 SYSTEM = "You are a careful assistant. Answer briefly."
 GLAIVE_FILES = ("chat/glaive_toolcall_en_demo.json", "chat/glaive_toolcall_zh_demo.json")
 GLAIVE = GLAIVE_FILES[0]
 GSM8K = ("math/gsm8k_test.jsonl", "math/gsm8k_train.jsonl")
-
-
-@functools.cache
-def adapted(relative: str) -> tuple[Conversation, ...]:
-    """The file's rows that adapt to a conversation (the others are not instruction data)."""
-    path = SHARED_DATA / relative
-    text = path.read_text(encoding="utf-8")
-    rows = ([json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl"
-            else json.loads(text))
-    if path.name.startswith("gsm8k"):
-        rows = [{"prompt": r["question"], "response": r["answer"]} for r in rows]
-    conversations = []
-    for row in rows:
-        with contextlib.suppress(AdaptError):
-            conversations.append(to_conversation(row))
-    return tuple(conversations)
 
 
 def uses_tools(conversation: Conversation) -> bool:
@@ -83,7 +62,7 @@ def conversations(every: bool) -> tuple[Conversation, ...]:
     some."""
     step = 1 if every else 16
     selected = [c for relative in SWEEP_FILES for c in
-                adapted(relative)[:: min(step, 2) if relative.startswith("chat/") else step]]
+                adapted(relative)[0][:: min(step, 2) if relative.startswith("chat/") else step]]
     assert len(selected) > (12_000 if every else 1_200)
     some = selected[:: 15 if every else 4]
     with_system = [with_messages(c, [{"role": "system", "content": SYSTEM}, *c.messages])
@@ -97,7 +76,7 @@ def conversations(every: bool) -> tuple[Conversation, ...]:
 def reasoning_conversations(every: bool) -> tuple[Conversation, ...]:
     """GSM8K with reasoning (single and two-turn, field and inline), and tool-calling chats whose
     replies carry reasoning: earlier replies lose it in Qwen3's history rewriting."""
-    gsm8k = [c for relative in GSM8K for c in adapted(relative)][:: 1 if every else 24]
+    gsm8k = [c for relative in GSM8K for c in adapted(relative)[0]][:: 1 if every else 24]
     single = [reasoned(c) for c in gsm8k]
     inline = [reasoned(c, inline=True) for c in gsm8k[::3]]
     pairs = [with_messages(a, [*a.messages, *b.messages])
@@ -105,7 +84,7 @@ def reasoning_conversations(every: bool) -> tuple[Conversation, ...]:
     tools = [with_messages(c, [{**m, "reasoning_content": f"Step {i}: what does the user need?"}
                                if m["role"] == "assistant" else m
                                for i, m in enumerate(c.messages)])
-             for relative in GLAIVE_FILES for c in adapted(relative) if uses_tools(c)]
+             for relative in GLAIVE_FILES for c in adapted(relative)[0] if uses_tools(c)]
     return (*single, *inline, *pairs, *tools)
 
 
@@ -210,7 +189,7 @@ def test_the_package_holds_exactly_the_builtin_templates():
 
 def tool_conversation() -> Conversation:
     """A glaive conversation with tools, a call, its result and a reply, and a system prompt."""
-    conversation = next(c for c in adapted(GLAIVE) if c.tools and len(c.messages) >= 5
+    conversation = next(c for c in adapted(GLAIVE)[0] if c.tools and len(c.messages) >= 5
                         and any(m["role"] == "tool" for m in c.messages))
     return with_messages(conversation, [{"role": "system", "content": SYSTEM},
                                         *conversation.messages])
@@ -270,7 +249,7 @@ def test_mistral_renders_as_the_projects_test_template():
     reference = (TEST_TEMPLATES / "mistral.jinja").read_text()
     compared = 0
     for relative in (*GLAIVE_FILES, "chat/fastchat_dummy_conversation.json"):
-        for c in adapted(relative):
+        for c in adapted(relative)[0]:
             for messages in (list(c.messages), [{"role": "system", "content": SYSTEM},
                                                 *c.messages]):
                 tools = list(c.tools) if c.tools else None
@@ -288,7 +267,7 @@ def test_tool_conversations_render_in_full_and_prefix_stable(name):
     to an assistant reply as a prefix of the whole."""
     tok = tk.load_tokenizer(None, name)
     checked = 0
-    for c in adapted(GLAIVE):
+    for c in adapted(GLAIVE)[0]:
         if not uses_tools(c):
             continue
         messages, tools = list(c.messages), list(c.tools) if c.tools else None

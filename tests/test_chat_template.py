@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from tests.conftest import SHARED_DATA
+from tests.support.shared_chats import NOT_ADAPTABLE, SWEEP_FILES, adapted
 from transforms import chat_template, fast_encoder
-from transforms.adapters import AdaptError, Conversation, to_conversation
+from transforms.adapters import Conversation
 from transforms.chat_template import (
     IGNORE_INDEX,
     TOOLS_NOT_RENDERED,
@@ -76,16 +76,6 @@ END_OF_TURN = {
     "gemma": "<end_of_turn>",
 }
 
-SWEEP_FILES = [
-    *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
-    *sorted(f"instruction/{p.name}" for p in (SHARED_DATA / "instruction").iterdir()),
-    *sorted(f"math/{p.name}" for p in (SHARED_DATA / "math").glob("gsm8k_*.jsonl")),
-]
-# Files whose rows are not in any instruction format (utterance logs, seed tasks with instances).
-NOT_ADAPTABLE = {
-    "chat/taskmaster4_coffee_data_07.json",
-    "instruction/stanford_alpaca_seed_tasks.jsonl",
-}
 SAMPLE_PER_FILE = 200
 DEFAULT = MaskOptions()
 
@@ -105,27 +95,6 @@ def toks(qwen_tokenizer) -> dict:
         tok.chat_template = template(family)
         result[family] = tok
     return result
-
-
-@functools.cache
-def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
-    """The file's conversations that adapt cleanly, and how many rows did not."""
-    path = SHARED_DATA / relative
-    text = path.read_text(encoding="utf-8")
-    rows = (
-        [json.loads(line) for line in text.splitlines()]
-        if path.suffix == ".jsonl"
-        else json.loads(text)
-    )
-    if path.name.startswith("gsm8k"):
-        rows = [{"prompt": r["question"], "response": r["answer"]} for r in rows]
-    conversations, failed = [], 0
-    for row in rows:
-        try:
-            conversations.append(to_conversation(row))
-        except AdaptError:
-            failed += 1
-    return tuple(conversations), failed
 
 
 def sample(conversations: tuple[Conversation, ...], n: int) -> list[Conversation]:
@@ -618,6 +587,20 @@ def test_tool_calls_a_template_drops_are_rejected(toks):
             assert result.reason == TOOLS_NOT_RENDERED
     assert any(isinstance(r, RenderError) for r in results)
     assert any(isinstance(r, EncodedExample) for r in results)
+
+
+def test_tool_definitions_a_template_drops_are_rejected_even_when_calls_name_them(toks):
+    """Calls to tools the model was never shown: the calls name the tools, the definitions are
+    missing from the text outside the trained replies."""
+    source = template("chatml").replace("{%- if tools %}", "{%- if false %}", 1)
+    tok = with_template(toks["chatml"], source)
+    calling = [c for c in adapted("chat/glaive_toolcall_en_demo.json")[0]
+               if c.tools and any(m.get("tool_calls") for m in c.messages)][:10]
+    assert len(calling) == 10
+    for result in encode_conversations(tok, calling, DEFAULT):
+        assert result.reason == TOOLS_NOT_RENDERED and "definitions" in result.message
+    assert all(isinstance(r, EncodedExample)
+               for r in encode_conversations(toks["chatml"], calling, DEFAULT))
 
 
 def test_examples_pickle_with_their_mask_method():

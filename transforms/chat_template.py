@@ -1009,8 +1009,14 @@ def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: 
 def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[dict] | None,
                           trained: list[dict]) -> None:
     """Rejects a conversation whose tool definitions or trained tool calls the template drops
-    (a stock template without tool support): training the turn would teach an empty reply."""
-    missing = [t["function"]["name"] for t in tools or () if t["function"]["name"] not in full]
+    (a stock template without tool support): training the turn would teach an empty reply, or
+    calls to tools the model was never shown. Definitions must appear outside the trained
+    spans, where the calls themselves name the tools."""
+    untrained = "\0".join(full[a:b] for a, b in zip([0, *(b for _, b in spans)],
+                                                   [*(a for a, _ in spans), len(full)],
+                                                   strict=True))
+    missing = [t["function"]["name"] for t in tools or ()
+               if t["function"]["name"] not in untrained]
     if missing:
         raise _Unrenderable(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
                             f"definitions ({', '.join(missing)}); use a template with tool support")
