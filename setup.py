@@ -21,7 +21,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["beam_pipeline", "beam_pipeline.*", "transforms",
                                     "transforms.*"]),
-    package_data={"transforms": ["schemas/*.pbtxt", "templates/*.jinja"]},
+    package_data={"transforms.instruction": ["schemas/*.pbtxt", "templates/*.jinja"]},
     install_requires=requirements(),
     entry_points={"console_scripts": ["beam-dataprep=beam_pipeline.pipeline:main"]},
 )

@@ -1,7 +1,7 @@
 """Reading the pipeline's Parquet outputs in a training job: streamed, sharded and collated.
 
-This is the training side of the output contract (``OUTPUT/pretrain`` and ``OUTPUT/sft``,
-DESIGN.md section 3):
+This is the training side of the output contract (``OUTPUT/pretrain`` and ``OUTPUT/sft``, as
+the README's *Outputs* section states it):
 
 - ``list_parquet_files`` / ``list_row_groups`` / ``shard_row_groups`` plan the reading: row groups
   (the unit the pipeline sizes for streaming) are dealt to ``rank * num_workers + worker`` shards
@@ -46,7 +46,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.packing import IGNORE_INDEX
+from transforms.core.vocabulary import (
+    IGNORE_INDEX,
+)
 
 if TYPE_CHECKING:
     import datasets

@@ -1,7 +1,11 @@
-"""Command-line options: the pipeline's general ones, validated before any work starts.
+"""Command-line options: the pipeline's general ones, validated before any work starts, and
+``OPTION_GROUPS``, the one list of option groups.
 
-Each branch declares its own options beside its transforms (``KnowledgeOptions``,
-``InstructionOptions``); Beam's options are parsed beside them.
+Each part of the graph declares its options beside the configuration they fill
+(``transforms/knowledge/options.py``, ``transforms/instruction/options.py``,
+``transforms/curation/options.py``). The argument parser (``--help``), the Flex Template
+metadata (``scripts/gen_flex_metadata.py``) and the options reference read ``OPTION_GROUPS``, so
+a new group is one class added there. Beam's options are parsed beside them.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.curation import CurationConfig
-from transforms.instruction import InstructionConfig
-from transforms.knowledge import KnowledgeConfig
-from transforms.option_types import boolean, fraction, non_negative_int, positive_int
-from transforms.readers import parse_input_spec, split_input_values
-from transforms.records import InputSpec
-from transforms.tokenizer import DEFAULT_TOKENIZER
+from transforms.core.option_types import boolean, fraction, non_negative_int, positive_int
+from transforms.core.records import InputSpec
+from transforms.core.tokenizer import DEFAULT_TOKENIZER
+from transforms.curation import options as curation_options
+from transforms.curation.options import CurationConfig, CurationOptions
+from transforms.instruction import options as instruction_options
+from transforms.instruction.options import InstructionConfig, InstructionOptions
+from transforms.io.readers import parse_input_spec, split_input_values
+from transforms.knowledge import options as knowledge_options
+from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions
 
 DESCRIPTION = """\
 Turn raw text and instruction data into training-ready, sharded Parquet.
@@ -81,6 +88,11 @@ class PrepOptions(PipelineOptions):
         group.add_argument(
             "--overwrite", type=boolean, default=False,
             help="Replace the outputs of an earlier run in --output (default false: refuse).")
+        group.add_argument(
+            "--write_filtered", type=boolean, default=False,
+            help="Also write the records dropped by policy (quality, duplicates, too_long, "
+            "decontamination, mixing) to filtered/ with their reason (default false: only "
+            "counted in the manifest).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +112,7 @@ class PrepConfig:
     max_record_mb: int
     max_reject_fraction: float
     overwrite: bool
+    write_filtered: bool
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -129,4 +142,14 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         max_record_mb=prep.max_record_mb,
         max_reject_fraction=prep.max_reject_fraction,
         overwrite=prep.overwrite,
+        write_filtered=prep.write_filtered,
     )
+
+
+# Every option group, in the order --help lists them: (title, the class that declares it).
+OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
+    (PREP_GROUP, PrepOptions),
+    (knowledge_options.GROUP, KnowledgeOptions),
+    (instruction_options.GROUP, InstructionOptions),
+    (curation_options.GROUP, CurationOptions),
+)

@@ -12,39 +12,24 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import (
-    PipelineOptions,
-    SetupOptions,
-    StandardOptions,
-    _BeamArgumentParser,
-)
-from apache_beam.portability.api import beam_provision_api_pb2
-from apache_beam.runners.portability.fn_api_runner.fn_runner import (
-    ExtendedProvisionInfo,
-    FnApiRunner,
-)
-from apache_beam.runners.portability.portable_runner import JobServiceHandle
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner
 
-from beam_pipeline.options import (
-    DESCRIPTION,
-    PREP_GROUP,
-    PrepConfig,
-    PrepOptions,
-    config_from_options,
-)
-from transforms import curation, instruction, knowledge
+from beam_pipeline import beam_internals
+from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config_from_options
 from transforms.classify import ClassifyRecords
-from transforms.curation import CurationOptions
-from transforms.decontam import eval_index
-from transforms.instruction import InstructionBranch, InstructionOptions
-from transforms.knowledge import (
+from transforms.core.records import ShardSpec
+from transforms.core.steps import PARTS, STATS, TailPlan
+from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
+from transforms.core.vocabulary import (
+    BRANCHES,
     FILTERED,
-    FindDuplicateDocuments,
-    KnowledgeBranch,
-    KnowledgeOptions,
+    INSTRUCTION,
+    KNOWLEDGE,
 )
-from transforms.manifest import (
+from transforms.curation.decontam import eval_index
+from transforms.instruction.branch import InstructionBranch
+from transforms.io.manifest import (
     MANIFEST_NAME,
     RejectRateError,
     RowCountError,
@@ -52,12 +37,9 @@ from transforms.manifest import (
     sum_counters,
     summary_lines,
 )
-from transforms.read_inputs import ReadInputs
-from transforms.readers import plan_shards
-from transforms.records import BRANCHES, INSTRUCTION, KNOWLEDGE, ShardSpec
-from transforms.steps import PARTS, STATS, TailPlan
-from transforms.tokenizer import load_tokenizer, tokenizer_identity
-from transforms.writers import (
+from transforms.io.read_inputs import ReadInputs
+from transforms.io.readers import plan_shards
+from transforms.io.writers import (
     OUTPUT_KINDS,
     PHASES_NAME,
     STAGING_DIR,
@@ -65,13 +47,16 @@ from transforms.writers import (
     WriteOutputs,
     prepare_output_dir,
 )
+from transforms.knowledge.branch import (
+    KnowledgeBranch,
+    SecondRead,
+)
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
-OWN_OPTIONS = (PrepOptions, KnowledgeOptions, InstructionOptions, CurationOptions)
-BRANCH_GROUPS = (knowledge.GROUP, instruction.GROUP, curation.GROUP)
+OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
+OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
-TOKEN_CACHE = "token-cache"  # under the staging directory
 TAILS_DIR = "tails"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -89,34 +74,17 @@ def tail_plan(cfg: PrepConfig, shards: Sequence[ShardSpec], branch: str) -> Tail
                     FileSystems.join(cfg.output, STAGING_DIR, TAILS_DIR, branch))
 
 
-def token_cache_dir(cfg: PrepConfig) -> str | None:
-    """Where deduplication's first pass leaves token ids for the main pass (None without it)."""
-    if cfg.knowledge.dedup.mode == "none":
-        return None
-    return FileSystems.join(cfg.output, STAGING_DIR, TOKEN_CACHE)
-
-
-def knowledge_duplicates(p: beam.Pipeline, cfg: PrepConfig,
-                         shards: Sequence[ShardSpec]) -> beam.PCollection | None:
-    """Deduplication's first pass: a second read of the inputs that keeps only small keys per
-    document, so the main read is never held back behind it (see transforms/knowledge.py)."""
-    if cfg.knowledge.dedup.mode == "none":
-        return None
-    return p | "FindDuplicateDocuments" >> FindDuplicateDocuments(
-        shards, cfg.inputs, cfg.chunk_records, cfg.max_record_mb * MIB, cfg.knowledge,
-        cfg.tokenizer, token_cache_dir(cfg))
-
-
 def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
                 shards: Sequence[ShardSpec], facts: dict) -> beam.PCollection:
     """Read -> classify -> the two branches -> sharded files and manifest.json (whose path is
     the returned PCollection's one element)."""
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
+    second_read = SecondRead(tuple(shards), tuple(cfg.inputs), cfg.chunk_records,
+                             cfg.max_record_mb * MIB, FileSystems.join(cfg.output, STAGING_DIR))
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
-        cfg.tokenizer, cfg.knowledge, tail_plan(cfg, shards, KNOWLEDGE),
-        knowledge_duplicates(p, cfg, shards), cfg.curation.for_branch(KNOWLEDGE, cfg.inputs),
-        token_cache_dir(cfg))
+        cfg.tokenizer, cfg.knowledge, tail_plan(cfg, shards, KNOWLEDGE), second_read,
+        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(
@@ -126,7 +94,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     # small StagedFile notes are flattened: the DirectRunner materialises a flatten of several
     # stages' outputs, which would hold every output row in memory at once.
     stage = StagePart(FileSystems.join(cfg.output, STAGING_DIR),
-                      skip=() if cfg.knowledge.write_filtered else (FILTERED,))
+                      skip=() if cfg.write_filtered else (FILTERED,))
     staged = [parts | f"Stage {_step_label(parts)}" >> beam.ParDo(stage)
               for parts in (routed[PARTS], *knowledge_parts, *instruction_parts)]
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
@@ -150,7 +118,7 @@ class PreparePhase(beam.PTransform):
         self.phase = phase
         self.facts = facts
 
-    def expand(self, pbegin):
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return build_graph(pbegin, self.phase.config, self.phase.shards, self.facts)
 
 
@@ -170,19 +138,19 @@ def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) ->
 
 def argument_parser() -> argparse.ArgumentParser:
     """Our options first, then every Beam option, so --help documents them all."""
-    parser = _BeamArgumentParser(
+    parser = beam_internals.argument_parser(
         prog="python -m beam_pipeline", description=DESCRIPTION, allow_abbrev=False,
         usage="%(prog)s --input PATTERN [--input PATTERN ...] --output DIR [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser._optionals.title = "Beam options (runner, Dataflow, worker environment, ...)"
+    beam_internals.set_default_group_title(
+        parser, "Beam options (runner, Dataflow, worker environment, ...)")
     for cls in OWN_OPTIONS:
         cls._add_argparse_args(parser)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         if cls not in OWN_OPTIONS:
             cls._add_argparse_args(parser)
     # List our groups first in --help, ahead of Beam's many options.
-    parser._action_groups.sort(key=lambda group: group.title != PREP_GROUP
-                               and group.title not in BRANCH_GROUPS)
+    beam_internals.order_groups(parser, lambda group: group.title not in OWN_GROUPS)
     return parser
 
 
@@ -265,9 +233,7 @@ def local_runner(plan: Plan) -> PipelineRunner | None:
     falls back from Prism (the options reach subprocess workers); None lets Beam choose."""
     if plan.runner not in FN_API_RUNNERS:
         return None
-    options = JobServiceHandle.encode_pipeline_options(plan.options.get_all_options())
-    return FnApiRunner(provision_info=ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=options)))
+    return beam_internals.fn_api_runner(plan.options)
 
 
 def execute(plan: Plan) -> PrepConfig:

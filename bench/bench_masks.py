@@ -25,8 +25,14 @@ from pathlib import Path
 import trl
 from transformers import AutoTokenizer
 
-from transforms.adapters import AdaptError, Conversation, to_conversation
-from transforms.chat_template import EncodedExample, MaskOptions, encode_conversations
+from transforms.core.vocabulary import (
+    RecordError,
+)
+from transforms.instruction.adapters import (
+    Conversation,
+    to_conversation,
+)
+from transforms.instruction.chat_template import EncodedExample, MaskOptions, encode_conversations
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FILES = ("chat/fastchat_dummy_conversation.json", "chat/kto_en_demo_messages.json",
@@ -38,7 +44,7 @@ def conversations() -> list[Conversation]:
     found = []
     for relative in FILES:
         for row in json.loads((SHARED / "data" / relative).read_text(encoding="utf-8")):
-            with contextlib.suppress(AdaptError):  # the few the adapters reject
+            with contextlib.suppress(RecordError):  # the few the adapters reject
                 found.append(to_conversation(row))
     return found
 

@@ -21,14 +21,17 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.pipeline import run
-from transforms.adapters import AdaptError, to_conversation
-from transforms.chat_template import EncodedExample, encode_conversations
 from transforms.classify import classify
-from transforms.instruction import InstructionConfig
-from transforms.readers import parse_input_spec, plan_shards, read_shard
-from transforms.records import Rejection
-from transforms.schema import Invalid, check_conversation
-from transforms.tokenizer import load_tokenizer
+from transforms.core.records import Rejection
+from transforms.core.tokenizer import load_tokenizer
+from transforms.core.vocabulary import (
+    RecordError,
+)
+from transforms.instruction.adapters import to_conversation
+from transforms.instruction.chat_template import EncodedExample, encode_conversations
+from transforms.instruction.options import InstructionConfig
+from transforms.instruction.schema import check_conversation
+from transforms.io.readers import parse_input_spec, plan_shards, read_shard
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 MIX = (
@@ -67,7 +70,7 @@ def examples_in_input_order(seq_len: int) -> list[list[int]]:
                 schemas[record.format].check(record.value)
                 conversation = to_conversation(record.value, record.format)
                 check_conversation(conversation, config.limits)
-            except (AdaptError, Invalid):
+            except RecordError:
                 continue
             conversations.append(conversation)
     results = encode_conversations(tok, conversations, config.mask_options, config.system_prompt,

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from transforms.tokenizer import load_tokenizer
+from transforms.core.tokenizer import load_tokenizer
 
 IGNORE_INDEX = -100
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.adapters import to_conversation
-from transforms.tokenizer import load_tokenizer
+from transforms.core.tokenizer import load_tokenizer
+from transforms.instruction.adapters import to_conversation
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PAGE_CHARS = 4000

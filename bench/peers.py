@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.proc import Clock
-from transforms.tokenizer import (
+from transforms.core.tokenizer import (
     QWEN2_PATTERN,
     QWEN2_SPECIAL_TOKENS,
     _read_qwen_ranks,

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipeline.options import DESCRIPTION, PREP_GROUP, config_from_options
-from beam_pipeline.pipeline import BRANCH_GROUPS, argument_parser
-from transforms.tokenizer import BUILTIN_TEMPLATES
+from beam_pipeline import beam_internals
+from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, config_from_options
+from beam_pipeline.pipeline import argument_parser
+from transforms.core.tokenizer import BUILTIN_TEMPLATES
 
 METADATA_PATH = Path(__file__).resolve().parents[1] / "templates" / "flex" / "metadata.json"
 TEMPLATE_NAME = "LLM training-data preparation"
@@ -53,9 +54,9 @@ LABELS = {
 
 def own_options(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
     """(group title, action) for every option of the pipeline's own groups, in --help order."""
-    titles = (PREP_GROUP, *BRANCH_GROUPS)
-    return [(group.title, action) for group in parser._action_groups if group.title in titles
-            for action in group._group_actions]
+    titles = tuple(title for title, _ in OPTION_GROUPS)
+    groups = beam_internals.group_actions(parser)
+    return [(title, action) for title in titles for action in groups[title]]
 
 
 def parameter_name(action: argparse.Action) -> str:

@@ -11,14 +11,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 EXAMPLES = ROOT / "examples" / "data"
+TEST_DATA = ROOT / "tests" / "data"
 
-if not SHARED_DATA.is_dir():
-    raise RuntimeError(f"tests read real datasets from {SHARED_DATA}; it is missing")
+
+
+def require_shared_data() -> None:
+    """Skips the calling test module when the shared real datasets are absent (a clone of the
+    project alone): the tests that need them say so instead of failing."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"needs the shared real datasets in {SHARED_DATA} (the folder beside the "
+                    "repository), which is absent", allow_module_level=True)
 
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from transforms.tokenizer import load_tokenizer
+    from transforms.core.tokenizer import load_tokenizer
 
     return load_tokenizer()
 

@@ -8,10 +8,22 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA as SHARED
-from transforms import records as R
+from tests.conftest import require_shared_data
 from transforms.classify import ClassifyRecords, classify
-from transforms.records import InputSpec, Record, RecordChunk, Rejection
-from transforms.steps import PARTS, STATS
+from transforms.core.records import InputSpec, Record, RecordChunk, Rejection
+from transforms.core.steps import PARTS, STATS
+from transforms.core.vocabulary import (
+    EMPTY_RECORD,
+    INSTRUCTION,
+    KNOWLEDGE,
+    MALFORMED_JSON,
+    MISSING_FIELD,
+    NOT_AN_OBJECT,
+    UNCLASSIFIABLE,
+    WRONG_TYPE,
+)
+
+require_shared_data()
 
 
 def spec(**declared) -> InputSpec:
@@ -47,30 +59,30 @@ def first_element(path: str) -> dict:
 )
 def test_instruction_formats_are_detected(value, fmt):
     branch, routed = classify(record(value), spec())
-    assert (branch, routed.format) == (R.INSTRUCTION, fmt)
+    assert (branch, routed.format) == (INSTRUCTION, fmt)
 
 
 def test_text_documents_and_plain_text_go_to_knowledge():
     doc = first_line("pretrain/llamafactory_c4_demo.jsonl")
     branch, routed = classify(record(doc), spec())
-    assert (branch, routed.value, routed.format) == (R.KNOWLEDGE, doc["text"], "text")
+    assert (branch, routed.value, routed.format) == (KNOWLEDGE, doc["text"], "text")
     branch, routed = classify(record("A whole text file."), spec())
-    assert (branch, routed.value) == (R.KNOWLEDGE, "A whole text file.")
+    assert (branch, routed.value) == (KNOWLEDGE, "A whole text file.")
 
 
 def test_unknown_shapes_are_rejected_as_unclassifiable():
     result = classify(record(first_line("math/gsm8k_test.jsonl")), spec())
     assert isinstance(result, Rejection)
-    assert result.reason == R.UNCLASSIFIABLE
+    assert result.reason == UNCLASSIFIABLE
     assert (result.source, result.position) == ("x.jsonl", 7)
     assert "question" in result.message
 
 
 def test_declared_mapping_routes_gsm8k_to_instruction():
     row = first_line("math/gsm8k_test.jsonl")
-    declared = spec(branch=R.INSTRUCTION, fields={"prompt": "question", "response": "answer"})
+    declared = spec(branch=INSTRUCTION, fields={"prompt": "question", "response": "answer"})
     branch, routed = classify(record(row), declared)
-    assert branch == R.INSTRUCTION
+    assert branch == INSTRUCTION
     assert routed.format == "prompt_response"
     assert routed.value == {"prompt": row["question"], "response": row["answer"]}
 
@@ -78,14 +90,14 @@ def test_declared_mapping_routes_gsm8k_to_instruction():
 def test_declared_branch_wins_over_detection():
     # A messages record declared as knowledge with a mapped text field stays knowledge.
     value = {"messages": [{"role": "user", "content": "hi"}], "body": "Plain prose."}
-    branch, routed = classify(record(value), spec(branch=R.KNOWLEDGE, fields={"text": "body"}))
-    assert (branch, routed.value) == (R.KNOWLEDGE, "Plain prose.")
+    branch, routed = classify(record(value), spec(branch=KNOWLEDGE, fields={"text": "body"}))
+    assert (branch, routed.value) == (KNOWLEDGE, "Plain prose.")
     # A text record declared as instruction with no instruction shape is rejected, not guessed.
-    result = classify(record({"text": "prose"}), spec(branch=R.INSTRUCTION))
+    result = classify(record({"text": "prose"}), spec(branch=INSTRUCTION))
     assert isinstance(result, Rejection)
-    assert result.reason == R.UNCLASSIFIABLE
-    result = classify(record("a text line"), spec(branch=R.INSTRUCTION))
-    assert result.reason == R.UNCLASSIFIABLE
+    assert result.reason == UNCLASSIFIABLE
+    result = classify(record("a text line"), spec(branch=INSTRUCTION))
+    assert result.reason == UNCLASSIFIABLE
 
 
 @pytest.mark.parametrize(
@@ -94,13 +106,13 @@ def test_declared_branch_wins_over_detection():
         (
             {"question": "q"},
             {"fields": {"prompt": "question", "response": "answer"}},
-            R.MISSING_FIELD,
+            MISSING_FIELD,
         ),
-        ({"text": 42}, {}, R.WRONG_TYPE),
-        ({"text": "   \n"}, {}, R.EMPTY_RECORD),
-        ("", {}, R.EMPTY_RECORD),
-        ({"title": "no text"}, {"branch": R.KNOWLEDGE}, R.MISSING_FIELD),
-        ([1, 2, 3], {}, R.NOT_AN_OBJECT),
+        ({"text": 42}, {}, WRONG_TYPE),
+        ({"text": "   \n"}, {}, EMPTY_RECORD),
+        ("", {}, EMPTY_RECORD),
+        ({"title": "no text"}, {"branch": KNOWLEDGE}, MISSING_FIELD),
+        ([1, 2, 3], {}, NOT_AN_OBJECT),
     ],
 )
 def test_bad_records_are_rejected_with_a_reason(value, declared, reason):
@@ -114,12 +126,12 @@ def test_read_errors_pass_through_with_their_reason_and_raw_text():
         source="x.jsonl",
         position=3,
         input_index=0,
-        error=(R.MALFORMED_JSON, "Expecting value"),
+        error=(MALFORMED_JSON, "Expecting value"),
         raw="{oops",
     )
     result = classify(failed, spec())
     assert (result.reason, result.message, result.raw) == (
-        R.MALFORMED_JSON,
+        MALFORMED_JSON,
         "Expecting value",
         "{oops",
     )
@@ -134,18 +146,18 @@ def test_classify_records_splits_a_chunk_and_counts_every_record():
     with test_pipeline.TestPipeline() as p:
         routed = p | beam.Create([chunk]) | ClassifyRecords([spec()])
         assert_that(
-            routed[R.KNOWLEDGE] | "K" >> beam.Map(lambda c: [r.value for r in c.records]),
+            routed[KNOWLEDGE] | "K" >> beam.Map(lambda c: [r.value for r in c.records]),
             equal_to([["doc one", "doc two"]]),
             label="knowledge",
         )
         assert_that(
-            routed[R.INSTRUCTION] | "I" >> beam.Map(lambda c: len(c.records)),
+            routed[INSTRUCTION] | "I" >> beam.Map(lambda c: len(c.records)),
             equal_to([1]),
             label="instruction",
         )
         assert_that(
             routed[PARTS] | beam.Map(lambda p: (p.kind, p.table.column("reason").to_pylist())),
-            equal_to([("rejected", [R.UNCLASSIFIABLE])]),
+            equal_to([("rejected", [UNCLASSIFIABLE])]),
             label="rejected",
         )
         assert_that(

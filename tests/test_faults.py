@@ -12,7 +12,8 @@ import pytest
 
 from beam_pipeline.pipeline import run
 from tests.conftest import EXAMPLES
-from transforms import steps, writers
+from transforms.core import steps
+from transforms.io import writers
 
 INPUTS = [f"--input={EXAMPLES}/{name}" for name in (
     "c4_sample.jsonl", "alpaca_seed_tasks.json", "sharegpt_sample.json", "broken_lines.jsonl")]

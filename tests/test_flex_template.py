@@ -23,8 +23,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud.dataflow_v1beta3.types import TemplateMetadata
 
-from beam_pipeline.options import PREP_GROUP, config_from_options
-from beam_pipeline.pipeline import BRANCH_GROUPS, argument_parser
+from beam_pipeline import beam_internals
+from beam_pipeline.options import OPTION_GROUPS, config_from_options
+from beam_pipeline.pipeline import argument_parser
 from tests.conftest import EXAMPLES, ROOT
 
 FLEX = ROOT / "templates" / "flex"
@@ -62,10 +63,10 @@ def parser() -> argparse.ArgumentParser:
 @pytest.fixture(scope="module")
 def own_actions(parser) -> dict[str, argparse.Action]:
     """The options of the pipeline's own groups, found in the parser (others add options too)."""
-    titles = (PREP_GROUP, *BRANCH_GROUPS)
+    titles = tuple(title for title, _ in OPTION_GROUPS)
     return {action.option_strings[0].removeprefix("--"): action
-            for group in parser._action_groups if group.title in titles
-            for action in group._group_actions}
+            for title, actions in beam_internals.group_actions(parser).items() if title in titles
+            for action in actions}
 
 
 def sample(param: dict) -> str:

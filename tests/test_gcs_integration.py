@@ -30,7 +30,7 @@ from tests.support.gcs import (
     storage_emulator,
     use_in_process,
 )
-from transforms.writers import prepare_output_dir
+from transforms.io.writers import prepare_output_dir
 
 BUCKET = "dataprep-test"
 TEMPLATE = ROOT / "tests" / "data" / "templates" / "chatml.jinja"

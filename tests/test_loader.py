@@ -39,8 +39,10 @@ from beam_pipeline.loader import (
 )
 from beam_pipeline.pipeline import run
 from bench.bench_loader import measure_in_subprocess, write_synthetic_blocks
-from tests.conftest import ROOT, SHARED_DATA
+from tests.conftest import ROOT, SHARED_DATA, require_shared_data
 from tests.support.gcs import cloud_env, metadata_server, storage_emulator, use_in_process
+
+require_shared_data()
 
 INPUTS = [
     f"{SHARED_DATA}/pretrain/llamafactory_c4_demo.jsonl",

@@ -1,17 +1,21 @@
 """The command line: --help documents every option, and bad input fails before any work."""
 
+import importlib.util
 import subprocess
 import sys
 
 import pytest
 
+from beam_pipeline import beam_internals
 from beam_pipeline.pipeline import argument_parser, main, prepare
 from tests.conftest import EXAMPLES, ROOT
-from transforms.instruction import InstructionOptions
-from transforms.records import INSTRUCTION
+from transforms.core.vocabulary import (
+    INSTRUCTION,
+)
+from transforms.instruction.options import InstructionOptions
 
-# The contract's options (DESIGN.md section 3) and a few of each group's; every option of our
-# groups is checked for help text below, whatever else the groups grow.
+# The command line's contract (the README's *Options*) and a few of each group's; every option of
+# our groups is checked for help text below, whatever else the groups grow.
 CORE_OPTIONS = {"--input", "--output", "--tokenizer", "--block_size", "--seq_len",
                 "--chat_template", "--num_shards", "--overwrite", "--max_reject_fraction",
                 "--remainder", "--dedup", "--write_filtered", "--assistant_turns",
@@ -30,7 +34,8 @@ def test_help_documents_every_option_ours_first_then_beams():
     assert text.index("--seq_len") < text.index("--runner") < text.index("--direct_num_workers")
     parser = argument_parser()
     titles = ("data preparation", "knowledge branch", "instruction branch")
-    own = [a for g in parser._action_groups if g.title in titles for a in g._group_actions]
+    groups = beam_internals.group_actions(parser)
+    own = [action for title in titles for action in groups[title]]
     names = {a.option_strings[0] for a in own}
     assert names >= CORE_OPTIONS
     for action in own:
@@ -108,3 +113,10 @@ def test_a_run_whose_input_is_mostly_rejected_fails_without_a_manifest(tmp_path,
     assert not (tmp_path / "o" / "manifest.json").exists()
     main([*arguments[:-1], f"--output={tmp_path}/p", "--max_reject_fraction=1"])
     assert (tmp_path / "p" / "manifest.json").exists()
+
+
+def test_the_options_reference_is_generated_from_the_parser():
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_options_doc.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (ROOT / "docs" / "options.md").read_text() == generator.options_reference()

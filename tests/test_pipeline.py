@@ -14,9 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline.pipeline import run
-from tests.conftest import EXAMPLES, SHARED_DATA
-from transforms.readers import plan_shards, read_shard
-from transforms.records import InputSpec
+from tests.conftest import EXAMPLES, SHARED_DATA, require_shared_data
+from transforms.core.records import InputSpec
+from transforms.io.readers import plan_shards, read_shard
+
+require_shared_data()
 
 INPUTS = [
     f"{SHARED_DATA}/pretrain/llamafactory_c4_demo.jsonl",

@@ -22,11 +22,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_pipeline.pipeline import run
-from transforms.adapters import AdaptError, to_conversation
-from transforms.chat_template import EncodedExample, MaskOptions, RenderError, encode_conversations
 from transforms.classify import classify
-from transforms.records import INSTRUCTION, InputSpec, Record, Rejection
-from transforms.schema import ConversationLimits, Invalid, builtin_schema, check_conversation
+from transforms.core.records import (
+    InputSpec,
+    Record,
+    Rejection,
+)
+from transforms.core.vocabulary import (
+    INSTRUCTION,
+    RecordError,
+)
+from transforms.instruction.adapters import to_conversation
+from transforms.instruction.chat_template import (
+    EncodedExample,
+    MaskOptions,
+    RenderError,
+    encode_conversations,
+)
+from transforms.instruction.schema import (
+    ConversationLimits,
+    builtin_schema,
+    check_conversation,
+)
 
 KEYS = ["messages", "conversations", "role", "content", "from", "value", "prompt", "response",
         "completion", "instruction", "input", "output", "system", "tools", "tool_calls",
@@ -58,7 +75,7 @@ def test_arbitrary_json_is_routed_or_rejected_with_a_reason_never_raised(value, 
         builtin_schema(record.format).check(record.value)
         conversation = to_conversation(record.value, record.format)
         check_conversation(conversation, ConversationLimits())
-    except (AdaptError, Invalid) as error:
+    except RecordError as error:
         assert error.reason
         return
     [result] = encode_conversations(qwen_tokenizer, [conversation], MaskOptions())

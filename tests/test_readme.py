@@ -1,10 +1,32 @@
-"""The README's first command: `make demo`'s summary is the one the README shows."""
+"""The README's first command: `make demo`'s summary is the one the README shows, and its
+outputs are the reference ones byte for byte (``tests/data/demo_outputs.json``).
 
+The reference holds the SHA-256 of every output file and of the manifest's counting sections.
+A change that alters a row on purpose rewrites it:
+
+    .venv/bin/python -m tests.test_readme out/demo > tests/data/demo_outputs.json
+"""
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
 import re
 import shlex
+import sys
+from pathlib import Path
+
+import pytest
 
 from beam_pipeline.pipeline import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_DATA
+from transforms.core.vocabulary import FILTERED, REASONS, REJECTED
+
+REFERENCE = TEST_DATA / "demo_outputs.json"
+# The manifest's sections that depend only on the inputs and the configuration (not on the
+# time, the machine, the package versions or the output path).
+COUNTED = ("records", "knowledge", "instruction", "inputs")
 
 
 def demo_arguments(output: str) -> list[str]:
@@ -25,10 +47,54 @@ def readme_summary() -> list[str]:
     return block.strip("\n").split("\n")
 
 
-def test_the_demo_prints_the_summary_the_readme_shows(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)  # the recipe's inputs are relative to the repository
-    main(demo_arguments(str(tmp_path / "demo")))
-    printed = capsys.readouterr().out.strip("\n").split("\n")
+def output_digests(output: Path) -> dict[str, str]:
+    """SHA-256 of every output file, and of the manifest's counting sections."""
+    digests = {path.relative_to(output).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+               for path in sorted(output.rglob("*"))
+               if path.is_file() and path.name != "manifest.json"}
+    manifest = json.loads((output / "manifest.json").read_text())
+    counted = json.dumps({key: manifest[key] for key in COUNTED}, sort_keys=True)
+    digests["manifest.json#" + ",".join(COUNTED)] = hashlib.sha256(counted.encode()).hexdigest()
+    return digests
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, list[str]]:
+    """One run of the demo recipe, and what it printed."""
+    output = tmp_path_factory.mktemp("demo") / "demo"
+    printed = io.StringIO()
+    # The recipe's inputs are relative to the repository.
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(printed):
+        main(demo_arguments(str(output)))
+    return output, printed.getvalue().strip("\n").split("\n")
+
+
+def test_the_demo_prints_the_summary_the_readme_shows(demo):
+    _, printed = demo
     shown = readme_summary()
     assert len(shown) >= 5
     assert printed[:len(shown)] == shown
+
+
+def test_the_demo_writes_the_reference_outputs_byte_for_byte(demo):
+    output, _ = demo
+    assert output_digests(output) == json.loads(REFERENCE.read_text())
+
+
+def test_the_readme_reason_table_is_generated_from_the_vocabulary():
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_reason_table.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert generator.reason_table() in (ROOT / "README.md").read_text()
+
+
+def test_every_reason_the_demo_counts_is_in_the_vocabulary(demo):
+    output, _ = demo
+    records = json.loads((output / "manifest.json").read_text())["records"]
+    for kind in (REJECTED, FILTERED):
+        assert records[kind]
+        assert {REASONS[code].kind for code in records[kind]} == {kind}
+
+
+if __name__ == "__main__":
+    print(json.dumps(output_digests(Path(sys.argv[1])), indent=1, sort_keys=True))

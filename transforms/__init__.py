@@ -2,7 +2,7 @@
 
 import os
 
-from transforms import worker_exit
+from transforms.core import worker_exit
 
 # transformers prints "PyTorch was not found" when imported; the pipeline only tokenizes and
 # never needs torch. Set before any module here imports transformers; the user's value wins.

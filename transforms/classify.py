@@ -13,10 +13,18 @@ from typing import Any
 
 import apache_beam as beam
 
-from transforms import records as R
-from transforms.adapters import REASONING, REASONING_CONTENT, detect_format
-from transforms.records import InputSpec, Record, RecordChunk, Rejection
-from transforms.steps import ChunkStep, apply_step
+from transforms.core.records import InputSpec, Record, RecordChunk, Rejection
+from transforms.core.steps import ChunkStep, StepOutput, apply_step
+from transforms.core.vocabulary import (
+    EMPTY_RECORD,
+    INSTRUCTION,
+    KNOWLEDGE,
+    MISSING_FIELD,
+    NOT_AN_OBJECT,
+    UNCLASSIFIABLE,
+    WRONG_TYPE,
+)
+from transforms.instruction.adapters import REASONING, REASONING_CONTENT, instruction_format
 
 TEXT_FORMAT = "text"
 
@@ -63,54 +71,54 @@ def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
         return Rejection.of(record, *record.error)
     value: Any = record.value
     if isinstance(value, str):
-        if spec.branch == R.INSTRUCTION:
-            return Rejection.of(record, R.UNCLASSIFIABLE,
+        if spec.branch == INSTRUCTION:
+            return Rejection.of(record, UNCLASSIFIABLE,
                                 "input declared branch=instruction but the record is plain text")
         return _knowledge(record, value)
     if not isinstance(value, dict):
-        return Rejection.of(record, R.NOT_AN_OBJECT, f"record is {type(value).__name__}")
+        return Rejection.of(record, NOT_AN_OBJECT, f"record is {type(value).__name__}")
     try:
         value = apply_field_map(value, spec.field_map)
     except KeyError as missing:
-        return Rejection.of(record, R.MISSING_FIELD,
+        return Rejection.of(record, MISSING_FIELD,
                             f"declared field(s) missing from the record: {missing.args[0]}")
-    if spec.branch != R.KNOWLEDGE:
-        fmt = detect_format(value)
+    if spec.branch != KNOWLEDGE:
+        fmt = instruction_format(value)
         if fmt is not None:
-            return R.INSTRUCTION, dataclasses.replace(record, value=value, format=fmt)
-        if spec.branch == R.INSTRUCTION:
-            return Rejection.of(record, R.UNCLASSIFIABLE,
+            return INSTRUCTION, dataclasses.replace(record, value=value, format=fmt)
+        if spec.branch == INSTRUCTION:
+            return Rejection.of(record, UNCLASSIFIABLE,
                                 "input declared branch=instruction but no instruction format "
                                 f"matches fields {sorted(value)[:10]}")
     if "text" in value:
         text = value["text"]
         if not isinstance(text, str):
-            return Rejection.of(record, R.WRONG_TYPE,
+            return Rejection.of(record, WRONG_TYPE,
                                 f"field 'text' is {type(text).__name__}, expected a string")
         return _knowledge(record, text)
-    if spec.branch == R.KNOWLEDGE:
-        return Rejection.of(record, R.MISSING_FIELD,
+    if spec.branch == KNOWLEDGE:
+        return Rejection.of(record, MISSING_FIELD,
                             "input declared branch=knowledge but the record has no 'text' field "
                             "(map one with '#text=FIELD')")
-    return Rejection.of(record, R.UNCLASSIFIABLE,
+    return Rejection.of(record, UNCLASSIFIABLE,
                         f"no known format matches fields {sorted(value)[:10]}")
 
 
 def _knowledge(record: Record, text: str) -> tuple[str, Record] | Rejection:
     if not text.strip():
-        return Rejection.of(record, R.EMPTY_RECORD, "document has no text")
-    return R.KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT)
+        return Rejection.of(record, EMPTY_RECORD, "document has no text")
+    return KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT)
 
 
 class _Classify(ChunkStep):
     step_name = "classify"
-    chunk_tags = (R.KNOWLEDGE, R.INSTRUCTION)
+    chunk_tags = (KNOWLEDGE, INSTRUCTION)
 
     def __init__(self, specs: Sequence[InputSpec]):
         self.specs = {spec.index: spec for spec in specs}
 
     def run(self, chunk: RecordChunk) -> Iterator[Any]:
-        routed: dict[str, list[Record]] = {R.KNOWLEDGE: [], R.INSTRUCTION: []}
+        routed: dict[str, list[Record]] = {KNOWLEDGE: [], INSTRUCTION: []}
         self.count("records_read", len(chunk.records))
         for record in chunk.records:
             self.count(f"input.{record.input_index}.read")
@@ -133,5 +141,5 @@ class ClassifyRecords(beam.PTransform):
         super().__init__()
         self.specs = tuple(specs)
 
-    def expand(self, chunks):
-        return apply_step(chunks, "Classify", _Classify(self.specs), R.KNOWLEDGE, R.INSTRUCTION)
+    def expand(self, chunks: beam.PCollection) -> StepOutput:
+        return apply_step(chunks, "Classify", _Classify(self.specs), KNOWLEDGE, INSTRUCTION)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, require_shared_data
+
+require_shared_data()
 
 GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
 TOKENIZERS = SHARED_DATA.parent / "tokenizers"

@@ -10,8 +10,16 @@ import functools
 import json
 from pathlib import Path
 
-from tests.conftest import SHARED_DATA
-from transforms.adapters import AdaptError, Conversation, to_conversation
+from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.core.vocabulary import (
+    RecordError,
+)
+from transforms.instruction.adapters import (
+    Conversation,
+    to_conversation,
+)
+
+require_shared_data()
 
 SWEEP_FILES = (
     *sorted(f"chat/{p.name}" for p in (SHARED_DATA / "chat").glob("*.json")),
@@ -44,7 +52,7 @@ def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
     for row in rows:
         try:
             conversations.append(to_conversation(row))
-        except AdaptError:
+        except RecordError:
             failed += 1
     return tuple(conversations), failed
 

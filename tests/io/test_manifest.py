@@ -1,0 +1,82 @@
+"""The manifest's arithmetic: every record read is kept, filtered or rejected."""
+
+import pytest
+
+from transforms.io.manifest import (
+    RejectRateError,
+    RowCountError,
+    build_manifest,
+    check_reject_fraction,
+    check_rows_written,
+    sum_counters,
+    summary_lines,
+)
+
+CONFIG = {"instruction": {"seq_len": 100}, "knowledge": {"block_size": 8, "remainder": "drop"},
+          "inputs": [{"index": 0, "pattern": "a.jsonl"}, {"index": 1, "pattern": "b/*.json"}]}
+
+
+def test_counters_sum_across_chunks_and_empty_input_sums_to_nothing():
+    assert sum_counters([{"a": 1, "b": 2}, {"a": 3}]) == {"a": 4, "b": 2}
+    assert sum_counters([]) == {}
+
+
+def test_manifest_balances_when_every_record_is_accounted_for():
+    stats = {
+        "records_read": 10,
+        "knowledge.documents": 4,
+        "instruction.examples": 3,
+        "instruction.tokens": 150,
+        "instruction.packs": 2,
+        "instruction.packed_tokens": 150,
+        "filtered.too_long": 1,
+        "rejected.malformed_json": 1,
+        "rejected.unclassifiable": 1,
+    }
+    manifest = build_manifest(
+        stats, [{"kind": "sft", "path": "/o/sft/a", "rows": 2}], CONFIG, {"name": "t"}
+    )
+    records = manifest["records"]
+    assert records["accounted"] == 10
+    assert records["balanced"] is True
+    assert records["rejected"] == {"malformed_json": 1, "unclassifiable": 1}
+    assert records["filtered"] == {"too_long": 1}
+    assert manifest["instruction"]["packing_efficiency"] == 0.75
+    assert manifest["outputs"] == {"sft": [{"path": "/o/sft/a", "rows": 2}]}
+    assert "balanced" in summary_lines(manifest)[0]
+
+
+def test_manifest_shows_a_lost_record():
+    manifest = build_manifest({"records_read": 2, "knowledge.documents": 1}, [], CONFIG, {})
+    assert manifest["records"]["balanced"] is False
+    assert manifest["instruction"]["packing_efficiency"] is None
+    assert "NOT BALANCED" in summary_lines(manifest)[0]
+
+
+def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
+    stats = {"records_read": 10, "input.0.read": 6, "input.1.read": 4,
+             "input.1.rejected.unclassifiable": 3, "input.1.rejected.malformed_json": 1,
+             "input.0.filtered.too_long": 1}
+    manifest = build_manifest(stats, [], CONFIG, {})
+    assert manifest["inputs"] == [
+        {"pattern": "a.jsonl", "name": None, "read": 6, "rejected": {},
+         "filtered": {"too_long": 1}},
+        {"pattern": "b/*.json", "name": None, "read": 4,
+         "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {}},
+    ]
+    check_reject_fraction(manifest, 1.0)
+    with pytest.raises(RejectRateError, match=r"4 of 4 records of --input b/\*\.json .*"
+                       r"top reasons: unclassifiable 3, malformed_json 1"):
+        check_reject_fraction(manifest, 0.5)
+
+
+def test_a_run_whose_files_lost_rows_is_not_marked_complete():
+    stats = {"records_read": 3, "knowledge.documents": 1, "knowledge.blocks": 2,
+             "instruction.examples": 1, "instruction.packs": 1, "rejected.malformed_json": 1}
+    config = {**CONFIG, "write_filtered": False}
+    files = [{"kind": "pretrain", "path": "/o/pretrain/a", "rows": 2},
+             {"kind": "sft", "path": "/o/sft/a", "rows": 1},
+             {"kind": "rejected", "path": "/o/rejected/a", "rows": 1}]
+    check_rows_written(build_manifest(stats, files, config, {}))
+    with pytest.raises(RowCountError, match="sft: 0 rows written, 1 counted"):
+        check_rows_written(build_manifest(stats, files[:1] + files[2:], config, {}))

@@ -1,0 +1,160 @@
+"""Output planning, staging and the final files: row order, shard counts, formats, refusal."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.core.steps import Part
+from transforms.io.writers import (
+    OutputFile,
+    StagedFile,
+    StagePart,
+    WriteOutputFile,
+    plan_output_files,
+    prepare_output_dir,
+    reconcile_staged,
+    write_arrow,
+)
+
+
+def staged(kind: str, chunk: str, rows: int, size: int = 100) -> StagedFile:
+    return StagedFile(kind, (chunk, "s"), f"/staging/{chunk}", rows, size)
+
+
+def test_plan_cuts_rows_in_chunk_order_into_the_requested_shards():
+    files = [staged("sft", "c2", 5), staged("sft", "c0", 3), staged("sft", "c1", 0)]
+    plans = plan_output_files(files, "/out", num_shards=3, target_bytes=1)
+    assert [p.path for p in plans] == [f"/out/sft/part-{i:05d}-of-00003.parquet" for i in range(3)]
+    # 8 rows -> 2, 3, 3; c0's rows come first.
+    assert [p.slices for p in plans] == [
+        (("/staging/c0", 0, 2),),
+        (("/staging/c0", 2, 3), ("/staging/c2", 0, 2)),
+        (("/staging/c2", 2, 5),),
+    ]
+    assert [p.rows for p in plans] == [2, 3, 3]
+
+
+def test_every_planned_shard_receives_rows():
+    plans = plan_output_files([staged("pretrain", "c0", 2)], "/out", num_shards=8, target_bytes=1)
+    assert [p.rows for p in plans] == [1, 1]
+
+
+def test_automatic_shard_count_follows_target_size_and_kinds_get_their_format():
+    files = [staged("pretrain", "c0", 10, size=250), staged("rejected", "c0", 4, size=10)]
+    plans = plan_output_files(files, "/out", num_shards=0, target_bytes=100)
+    assert [(p.kind, p.path.rsplit("/", 1)[1]) for p in plans] == [
+        ("pretrain", "part-00000-of-00003.parquet"),
+        ("pretrain", "part-00001-of-00003.parquet"),
+        ("pretrain", "part-00002-of-00003.parquet"),
+        ("rejected", "part-00000-of-00001.jsonl"),
+    ]
+
+
+def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
+    table = pa.table({"input_ids": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32()))})
+    rejected = pa.table({"source": ["a"], "position": [3], "reason": ["malformed_json"]})
+    stage = StagePart(str(tmp_path / "staging"))
+    stage.setup()
+    stage.start_bundle()
+    [data] = stage.process(Part("pretrain", "c0", "blocks", table))
+    [bad] = stage.process(Part("rejected", "c0", "classify", rejected))
+    # Restaging the same part rewrites the same file: retries cannot duplicate rows.
+    assert next(stage.process(Part("pretrain", "c0", "blocks", table))).path == data.path
+    stage.finish_bundle()  # the files are written in the background until here
+    writer = WriteOutputFile(row_group_rows=2)
+    writer.setup()
+    writer.start_bundle()
+    out = tmp_path / "out"
+    [info] = writer.process(OutputFile("pretrain", str(out / "a.parquet"), ((data.path, 1, 3),)))
+    list(writer.process(OutputFile("rejected", str(out / "r.jsonl"), ((bad.path, 0, 1),))))
+    writer.finish_bundle()
+    assert info["rows"] == 2
+    written = pq.ParquetFile(out / "a.parquet")
+    assert written.read().column("input_ids").to_pylist() == [[3, 4], [5, 6]]
+    assert written.schema_arrow.field("input_ids").type == pa.list_(pa.int32())
+    assert written.metadata.row_group(0).column(0).compression == "ZSTD"
+    lines = (out / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"source": "a", "position": 3, "reason": "malformed_json"}
+    ]
+
+
+def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
+    prepare_output_dir(str(tmp_path), overwrite=False)  # empty: fine
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "unrelated.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="--overwrite"):
+        prepare_output_dir(str(tmp_path), overwrite=False)
+    prepare_output_dir(str(tmp_path), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
+
+
+def test_an_earlier_runs_phases_count_as_its_outputs(tmp_path):
+    """Only the phases ``phases.json`` names, and only under the output directory."""
+    outside = tmp_path / "outside"
+    (outside / "sft").mkdir(parents=True)
+    (outside / "sft" / "part-00000-of-00001.parquet").write_bytes(b"not ours")
+    out = tmp_path / "out"
+    for phase in ("basic", "other"):
+        (out / phase / "sft").mkdir(parents=True)
+        (out / phase / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
+        (out / phase / "manifest.json").write_text("{}")
+    (out / "basic" / "notes.txt").write_text("keep me")
+    listing = [{"name": "basic"}, {"name": "../outside"}]
+    (out / "phases.json").write_text(json.dumps({"phases": listing}))
+    with pytest.raises(ValueError, match=r"basic/manifest\.json"):
+        prepare_output_dir(str(out), overwrite=False)
+    prepare_output_dir(str(out), overwrite=True)
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["out/basic/notes.txt", "out/other/manifest.json",
+                     "out/other/sft/part-00000-of-00001.parquet",
+                     "outside/sft/part-00000-of-00001.parquet"]
+    (out / "phases.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a phases listing"):
+        prepare_output_dir(str(out), overwrite=True)
+
+
+def test_a_failed_background_write_fails_the_bundle(tmp_path):
+    """Staged files are written on a thread; an error there must still fail the bundle, at the
+    latest when it finishes, so the runner retries it instead of committing its outputs."""
+    (tmp_path / "staging").write_text("a file where the staging directory should be")
+    stage = StagePart(str(tmp_path / "staging"))
+    stage.setup()
+    stage.start_bundle()
+    table = pa.table({"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))})
+    list(stage.process(Part("sft", "c0", "pack", table)))
+    with pytest.raises(OSError):
+        stage.finish_bundle()
+    stage.teardown()
+
+
+def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
+    staging = str(tmp_path / "staging")
+    stage = StagePart(staging)
+    stage.setup()
+    stage.start_bundle()
+    table = pa.table({"input_ids": pa.array([[1], [2], [3]], pa.list_(pa.int32()))})
+    [first] = stage.process(Part("sft", "c0", "pack", table))
+    [second] = stage.process(Part("sft", "c1", "pack", table.slice(0, 2)))
+    [bad] = stage.process(Part("rejected", "c1", "validate", pa.table({"reason": ["x"]})))
+    stage.finish_bundle()
+    # Other files under staging (the first pass's token ids) are not output parts.
+    write_arrow(f"{staging}/token-cache/c0.arrow", pa.table({"tokens": [[1, 2]]}))
+    found = reconcile_staged([first], staging)
+    assert found[0] == first
+    recovered = sorted(found[1:], key=lambda f: f.path)
+    assert sorted((f.kind, f.order, f.path, f.rows) for f in recovered) == sorted([
+        ("sft", ("c1", "pack"), second.path, 2), ("rejected", ("c1", "validate"), bad.path, 1)])
+    assert reconcile_staged([first, second, bad], staging) == [first, second, bad]
+    # The order entry stays in staging: output files carry no footer entry of ours.
+    out = tmp_path / "out.parquet"
+    writer = WriteOutputFile(row_group_rows=8)
+    writer.setup()
+    writer.start_bundle()
+    list(writer.process(OutputFile("sft", str(out), ((second.path, 0, 2),))))
+    writer.finish_bundle()
+    assert pq.read_schema(out).metadata is None

@@ -1,0 +1,225 @@
+"""Deduplication: exact and near copies of real documents are found, distinct ones are not,
+and the copy that survives is always the one with the smallest record key."""
+
+import itertools
+import json
+import random
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.core.records import Record
+from transforms.core.vocabulary import (
+    DUPLICATE_EXACT,
+    DUPLICATE_NEAR,
+)
+from transforms.knowledge.dedup import (
+    DedupConfig,
+    DuplicateIndex,
+    FindDuplicates,
+    MinHasher,
+    band_keys,
+    band_rows_by_bucket,
+    candidate_pairs,
+    candidate_pairs_in_bucket,
+    content_hash,
+    document_keys,
+    resolve_duplicates,
+    shingles,
+    similarity,
+)
+from transforms.knowledge.normalize import normalize_text
+from transforms.knowledge.quality import TextStats
+
+require_shared_data()
+
+CONFIG = DedupConfig()
+C4 = SHARED_DATA / "pretrain" / "llamafactory_c4_demo.jsonl"
+
+
+def c4_texts() -> list[str]:
+    return [normalize_text(json.loads(line)["text"]) for line in C4.read_text().splitlines()]
+
+
+def edited(text: str, words: int, seed: int) -> str:
+    """``text`` with ``words`` of its words replaced and its lines run together: a small edit."""
+    tokens = text.split()
+    rng = random.Random(seed)
+    for position in rng.sample(range(len(tokens)), words):
+        tokens[position] = "zebra"
+    return " ".join(tokens)
+
+
+def restyled(text: str) -> str:
+    """The same words with other capitals, apostrophes and punctuation: not an exact copy."""
+    return text.upper().replace("'", "\u2019").replace(".", "!")
+
+
+def keys_of(key, text: str, hasher: MinHasher | None):
+    return document_keys(key, TextStats(text), CONFIG, hasher)
+
+
+@pytest.fixture(scope="module")
+def hasher() -> MinHasher:
+    return MinHasher(CONFIG.num_perm)
+
+
+@pytest.fixture(scope="module")
+def long_pages() -> list[str]:
+    return [text for text in c4_texts() if len(text.split()) >= 200]
+
+
+def test_the_hash_family_is_fixed():
+    """Signatures must agree across processes, runs and library versions."""
+    signature = MinHasher(128).signature(shingles(TextStats(
+        "The quick brown fox jumps over the lazy dog"), 5))
+    assert signature.dtype == np.dtype("<u4")
+    assert signature[:4].tolist() == [3854833174, 4061383241, 4061383241, 2196621804]
+    assert band_keys(signature, 16)[0].hex() == "fa4da21a76a0375c"
+
+
+@pytest.mark.parametrize("length", [12, 60, 300])  # shingles, fewer and more than the bins
+def test_signatures_estimate_the_jaccard_similarity_of_real_shingle_sets(length, hasher):
+    """Each bin agrees with probability J, filled or densified: over many pairs of real
+    shingle sets the estimate is unbiased, and its spread is that of 128 draws."""
+    rng = np.random.default_rng(length)
+    errors = []
+    for text in c4_texts():
+        found = shingles(TextStats(text), CONFIG.ngram)[:length]
+        if len(found) < length:
+            continue
+        other = np.concatenate([found[rng.random(length) > rng.uniform(0.05, 0.6)],
+                                rng.integers(0, 2**63, size=length // 4, dtype=np.uint64)])
+        a, b = set(found.tolist()), set(other.tolist())
+        jaccard = len(a & b) / len(a | b)
+        estimate = similarity(hasher.signature(found).tobytes(),
+                              hasher.signature(other).tobytes())
+        errors.append(estimate - jaccard)
+    assert len(errors) >= 80
+    assert abs(np.mean(errors)) < 0.01 and np.std(errors) < 0.06
+
+
+def test_exact_keys_hash_the_normalised_text():
+    text = c4_texts()[0]
+    assert content_hash(text) == content_hash(normalize_text(text + "\r\n\r\n\r\n"))
+    assert content_hash(text) != content_hash(text + ".")
+    assert keys_of((0, 0, 0), text, None).bands == ()
+
+
+@pytest.mark.parametrize("words", [1, 2, 3])
+def test_small_edits_of_real_pages_are_near_copies(words, long_pages, hasher):
+    for seed, text in enumerate(long_pages[:40]):
+        original = keys_of((0, 0, 0), text, hasher)
+        copy = keys_of((1, 1, 0), edited(text, words, seed), hasher)
+        assert original.content != copy.content
+        assert similarity(original.signature, copy.signature) >= CONFIG.threshold
+        assert set(original.bands) & set(copy.bands), "LSH must make them candidates"
+
+
+def test_restyled_pages_are_near_copies_with_all_shingles_equal(long_pages, hasher):
+    for text in long_pages[:20]:
+        original = keys_of((0, 0, 0), text, hasher)
+        copy = keys_of((0, 0, 1), restyled(text), hasher)
+        assert original.content != copy.content and original.signature == copy.signature
+
+
+def test_distinct_real_documents_are_not_near_copies(hasher):
+    texts = c4_texts()
+    signatures = np.stack([np.frombuffer(keys_of((0, 0, i), t, hasher).signature, "<u4")
+                           for i, t in enumerate(texts)])
+    agree = (signatures[:, None, :] == signatures[None, :, :]).mean(axis=2)
+    np.fill_diagonal(agree, 0)
+    assert agree.max() < 0.5
+
+
+def test_a_bucket_pairs_its_first_member_with_each_other_content():
+    a, b, c, d = (0, 0, 0), (0, 0, 5), (1, 1, 0), (1, 1, 9)
+    members = [(d, b"2"), (c, b"1"), (b, b"1"), (a, b"0")]  # b and c: the same content
+    assert list(candidate_pairs((b"band", members))) == [(a, b), (a, d)]
+
+
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
+    """Real documents, two of them near copies and one an exact copy, split over two batches:
+    the packed shuffle pairs exactly what grouping every (band, document) would."""
+    texts = c4_texts()[:6]
+    texts.append(texts[0].replace("the", "a", 1))
+    texts.append(texts[3])
+    docs = [keys_of((i % 2, 7, i), text, hasher) for i, text in enumerate(texts)]
+    plain: dict[bytes, list] = {}
+    for doc in docs:
+        for band in doc.bands:
+            plain.setdefault(band, []).append((doc.key, doc.content))
+    expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
+    assert expected, "the near copy shares a band with its original"
+    per_bucket: dict[int, list[bytes]] = {}
+    for batch in (docs[:4], docs[4:]):
+        for bucket, blob in band_rows_by_bucket(batch, buckets):
+            assert 0 <= bucket < buckets
+            per_bucket.setdefault(bucket, []).append(blob)
+    found = sorted(pair for bucket in per_bucket.items()
+                   for pair in candidate_pairs_in_bucket(bucket))
+    assert found == expected
+    assert all(isinstance(part, int) for pair in found for key in pair for part in key)
+
+
+def test_clusters_keep_their_smallest_key_whatever_the_edge_order():
+    a, b, c, d = (0, 1, 0), (0, 1, 7), (1, 0, 0), (1, 0, 3)
+    expected = {b: (DUPLICATE_NEAR, a), c: (DUPLICATE_NEAR, a), d: (DUPLICATE_EXACT, a)}
+    for edges in itertools.permutations([(b, c), (a, b)]):
+        assert resolve_duplicates([(d, c)], edges) == expected
+
+
+def test_num_perm_must_split_into_bands():
+    with pytest.raises(ValueError, match="multiple"):
+        DedupConfig(num_perm=100, bands=16)
+
+
+@pytest.mark.parametrize("buckets", [1, 3, 8])
+def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages, hasher,
+                                                                     buckets):
+    """Input 0 holds copies of pages that input 1 holds too: input 0's copies survive, even
+    where input 1's page comes first in its file; within an input the first position wins."""
+    pages = long_pages[:6]
+    copies, pages_file = 0, 1  # file numbers
+    docs = [
+        ((0, copies, 100), pages[0]),  # survives: input 0 sorts first
+        ((0, copies, 200), edited(pages[1], 2, 0)),  # survives over pages[1] in input 1
+        ((0, copies, 300), pages[0]),  # exact copy of (0, copies, 100)
+        ((1, pages_file, 0), pages[0]),  # exact copy, in a later input
+        ((1, pages_file, 10), pages[1]),  # near copy of (0, copies, 200)
+        ((1, pages_file, 20), restyled(pages[2])),  # survives: its twin comes later
+        ((1, pages_file, 30), pages[2]),  # near copy (same words, other style)
+        ((1, pages_file, 40), pages[3]),  # distinct: survives
+    ]
+    keys = [keys_of(key, text, hasher) for key, text in docs]
+    expected = {
+        (0, copies, 300): (DUPLICATE_EXACT, (0, copies, 100)),
+        (1, pages_file, 0): (DUPLICATE_EXACT, (0, copies, 100)),
+        (1, pages_file, 10): (DUPLICATE_NEAR, (0, copies, 200)),
+        (1, pages_file, 30): (DUPLICATE_NEAR, (1, pages_file, 20)),
+    }
+    with test_pipeline.TestPipeline() as p:
+        batches = [tuple(keys[:3]), tuple(keys[3:5]), tuple(keys[5:])]  # chunks
+        found = p | beam.Create(batches) | FindDuplicates(CONFIG.threshold, buckets)
+        assert_that(found, equal_to([expected]))
+
+
+def test_the_index_numbers_files_in_path_order_and_names_the_survivor():
+    files = DuplicateIndex.numbering(["/data/b.jsonl", "/data/a.jsonl", "/data/b.jsonl"])
+    assert files == ("/data/a.jsonl", "/data/b.jsonl")
+    index = DuplicateIndex(files, {(1, 1, 40): (DUPLICATE_NEAR, (0, 0, 7))})
+    copy = Record("/data/b.jsonl", 40, 1, "text")
+    assert index.verdict(copy) == (
+        DUPLICATE_NEAR, "copy of the document at position 7 of /data/a.jsonl (input 0)")
+    assert index.verdict(Record("/data/a.jsonl", 40, 1, "text")) is None
+
+
+def test_find_duplicates_of_nothing_is_an_empty_dict():
+    with test_pipeline.TestPipeline() as p:
+        found = p | beam.Create([]) | FindDuplicates(CONFIG.threshold)
+        assert_that(found, equal_to([{}]))

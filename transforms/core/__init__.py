@@ -1,0 +1,1 @@
+"""Shared core: records and chunks, the step contract, packing, the tokenizer."""

@@ -1,0 +1,308 @@
+"""The shape every chunk-level step shares: results, dropped records and counters.
+
+A step turns one ``RecordChunk`` into its main result(s). Records it cannot or should not carry
+on become ``Rejection``s; they leave as one Arrow table per chunk and step (tag ``parts``) so
+that rejected/ and filtered/ files are as deterministic as the data files. Counters leave as a
+``Counter`` per chunk (tag ``stats``); the manifest is their sum, and the same figures are
+reported as Beam metrics. A few steps also keep samples (what decontamination removed) for the
+manifest; they travel in the same stream under the ``samples`` key.
+
+A chunk bound for the validation split carries ``VALIDATION_MARK`` at the end of its id: the
+same steps process it, its rows go to ``validation/<kind>`` and its counters are reported under
+``validation.``, and its leftovers are never joined with the training split's.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import pickle
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
+
+from transforms.core.chunks import Chunk
+from transforms.core.records import Rejection
+from transforms.core.vocabulary import REJECTED
+
+PARTS = "parts"
+STATS = "stats"
+TAILS = "tails"
+SAMPLES = "samples"
+METRICS_NAMESPACE = "beam_pipeline"
+VALIDATION = "validation"
+VALIDATION_MARK = "|" + VALIDATION
+
+REJECTED_SCHEMA = pa.schema([
+    ("source", pa.string()),
+    ("position", pa.int64()),
+    ("reason", pa.string()),
+    ("message", pa.string()),
+    ("raw", pa.string()),
+])
+
+
+@dataclasses.dataclass(frozen=True)
+class Part(Chunk):
+    """A table bound for one output kind (pretrain, sft, rejected, filtered)."""
+
+    kind: str
+    chunk_id: str
+    step: str
+    table: pa.Table
+
+
+def validation_id(chunk_id: str) -> str:
+    return chunk_id + VALIDATION_MARK
+
+
+def is_validation(chunk_id: str) -> bool:
+    return chunk_id.endswith(VALIDATION_MARK)
+
+
+def output_kind(kind: str, chunk_id: str) -> str:
+    """Where a chunk's rows of ``kind`` go: ``kind`` itself, or ``validation/kind``."""
+    return f"{VALIDATION}/{kind}" if is_validation(chunk_id) else kind
+
+
+def rejections_table(rejections: Iterable[Rejection]) -> pa.Table:
+    rows = list(rejections)
+    return pa.table({
+        "source": [r.source for r in rows],
+        "position": [r.position for r in rows],
+        "reason": [r.reason for r in rows],
+        "message": [r.message for r in rows],
+        "raw": [r.raw for r in rows],
+    }, schema=REJECTED_SCHEMA)
+
+
+class ChunkStep(beam.DoFn):
+    """Base class: subclasses implement ``run`` and call ``drop``/``count`` while they work."""
+
+    step_name = "step"
+    chunk_tags: tuple[str, ...] = ()  # extra outputs that are chunks too (see apply_step)
+
+    def process(self, chunk: Any) -> Iterator[Any]:
+        self._dropped: dict[str, list[Rejection]] = collections.defaultdict(list)
+        self._stats: collections.Counter = collections.Counter()
+        self._samples: dict[str, list] = collections.defaultdict(list)
+        chunk_id = chunk.chunk_id
+        self._prefix = f"{VALIDATION}." if is_validation(chunk_id) else ""
+        yield from self.run(chunk)
+        for kind, rejections in sorted(self._dropped.items()):
+            for rejection in rejections:
+                self._stats[f"{kind}.{rejection.reason}"] += 1
+                self._stats[f"input.{rejection.input_index}.{kind}.{rejection.reason}"] += 1
+            yield beam.pvalue.TaggedOutput(
+                PARTS, Part(kind, chunk_id, self.step_name, rejections_table(rejections)))
+        for name, value in self._stats.items():
+            beam.metrics.Metrics.counter(METRICS_NAMESPACE, name).inc(value)
+        if self._samples:
+            self._stats[SAMPLES] = dict(self._samples)
+        if self._stats:
+            yield beam.pvalue.TaggedOutput(STATS, self._stats)
+
+    def run(self, chunk: Any) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def drop(self, rejection: Rejection, kind: str = REJECTED) -> None:
+        """Takes a record out of the pipeline: ``rejected`` (bad input) or ``filtered`` (policy)."""
+        self._dropped[kind].append(rejection)
+
+    def count(self, name: str, value: int = 1) -> None:
+        """Adds to a counter; a validation chunk's counters are kept apart (``validation.``)."""
+        self._stats[self._prefix + name] += value
+
+    def sample(self, name: str, sample: dict) -> None:
+        """Keeps an example for the manifest, which lists the first few by (source, position)."""
+        self._samples[name].append(sample)
+
+    def distribution(self, name: str, values: Iterable[int]) -> None:
+        """Reports values to a Beam distribution (count, sum, min and max in the runner's UI)."""
+        metric = beam.metrics.Metrics.distribution(METRICS_NAMESPACE, name)
+        for value in values:
+            metric.update(int(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A chunk and the handle of the work an ``OverlappedStep`` started on it."""
+
+    chunk: Any
+    handle: Any
+
+    @property
+    def chunk_id(self) -> str:
+        return self.chunk.chunk_id
+
+
+class OverlappedStep(ChunkStep):
+    """A step whose heavy work runs in threads that release the GIL (a tokenizer's native
+    code) while the steps fused before it prepare the next chunk on the main thread.
+
+    ``start(chunk)`` begins the work and returns a handle; ``run`` gets a ``Started`` with that
+    handle one element later, or at the end of the bundle for its last chunk. So a runner that
+    runs a stage on one thread (the DirectRunner's ``in_memory`` mode) still uses two cores.
+    Only the moment of output changes, never the rows, and at most one chunk waits.
+    """
+
+    def start(self, chunk: Any) -> Any:
+        raise NotImplementedError
+
+    def start_bundle(self) -> None:
+        self._started: Started | None = None
+
+    def process(self, chunk: Any) -> Iterator[Any]:
+        started, self._started = self._started, Started(chunk, self.start(chunk))
+        if started is not None:
+            yield from super().process(started)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        started, self._started = self._started, None
+        if started is not None:
+            for output in super().process(started):
+                yield _in_global_window(output)
+
+
+def _in_global_window(output: Any) -> Any:
+    """An output of ``finish_bundle``, which Beam wants windowed (all our data is global)."""
+    if isinstance(output, beam.pvalue.TaggedOutput):
+        return beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+    return GlobalWindows.windowed_value(output)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    """What a chunk step gives the graph: the chunks that go on (``main``), the parts to stage
+    (output rows and dropped records), its counters, and any extra tagged outputs."""
+
+    main: beam.PCollection
+    parts: beam.PCollection
+    stats: beam.PCollection
+    tagged: Mapping[str, beam.PCollection] = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, tag: str) -> beam.PCollection:
+        return {PARTS: self.parts, STATS: self.stats, **self.tagged}[tag]
+
+
+class BranchOutput(NamedTuple):
+    """What a branch gives the graph: every step's parts, kept apart so that each is staged
+    where it is made, and all its counters."""
+
+    parts: tuple[beam.PCollection, ...]
+    stats: beam.PCollection
+
+
+def apply_step(pcoll: beam.PCollection, label: str, step: ChunkStep, *tags: str,
+               side_inputs: Sequence[beam.pvalue.AsSideInput] = ()) -> StepOutput:
+    """Applies a step and returns its outputs (``main``, parts, stats and the extra ``tags``).
+
+    The main output and ``parts`` are typed ``Chunk``, and so are the tags in the step's
+    ``chunk_tags``: Beam then codes them with ``ChunkCoder``.
+    """
+    hints = {tag: Chunk if tag in step.chunk_tags else Any for tag in tags}
+    outputs = pcoll | label >> beam.ParDo(step, *side_inputs).with_output_types(
+        Chunk, **{PARTS: Chunk, STATS: Any}, **hints).with_outputs(PARTS, STATS, *tags,
+                                                                   main="main")
+    return StepOutput(outputs.main, outputs[PARTS], outputs[STATS],
+                      {tag: outputs[tag] for tag in tags})
+
+
+class StepChain:
+    """A branch's steps in order, each applied to the chunks the one before lets through;
+    every step's parts and stats are collected for ``BranchOutput``."""
+
+    def __init__(self, chunks: beam.PCollection) -> None:
+        self.main = chunks
+        self.outputs: list[StepOutput] = []
+
+    def then(self, label: str, step: ChunkStep, *tags: str,
+             side_inputs: Sequence[beam.pvalue.AsSideInput] = ()) -> StepOutput:
+        """Applies ``step`` to the chunks that went through so far."""
+        return self.add(apply_step(self.main, label, step, *tags, side_inputs=side_inputs))
+
+    def add(self, output: StepOutput) -> StepOutput:
+        """Adds a step applied by the caller (a composite step, or one on other chunks)."""
+        self.outputs.append(output)
+        self.main = output.main
+        return output
+
+    def output(self, label: str, *more_stats: beam.PCollection) -> BranchOutput:
+        parts = tuple(output.parts for output in self.outputs)
+        stats = ((*(output.stats for output in self.outputs), *more_stats)
+                 | label >> beam.Flatten())
+        return BranchOutput(parts, stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class TailGroup(Chunk):
+    """Leftovers of several chunks (block tails, under-filled packs), in chunk order."""
+
+    chunk_id: str
+    items: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class TailPlan:
+    """How a branch gathers its chunks' leftovers: into ``buckets`` groups, through files in
+    ``spill_dir`` (one directory per branch: both branches may leave leftovers of one chunk)."""
+
+    buckets: int
+    spill_dir: str
+
+
+def tail_bucket(chunk_id: str, buckets: int) -> int:
+    """A stable bucket for a chunk's leftovers (hashlib, so every process agrees)."""
+    digest = hashlib.sha256(chunk_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % buckets
+
+
+def spill_tail(tail: tuple[str, Any], spill_dir: str) -> tuple[str, str]:
+    """Writes a chunk's leftover to a file named by its chunk id; (chunk id, path) out. A
+    retried bundle writes the same file again."""
+    chunk_id, leftover = tail
+    name = hashlib.sha256(chunk_id.encode("utf-8")).hexdigest()[:24]
+    path = FileSystems.join(spill_dir, f"{name}.pickle")
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        pickle.dump(leftover, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return chunk_id, path
+
+
+def read_tail(path: str) -> Any:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return pickle.load(f)
+
+
+class GatherTails(beam.PTransform):
+    """Groups ``(chunk_id, leftover)`` pairs into a bounded number of ordered ``TailGroup``s.
+
+    Only leftovers move (at most a block or a few packs per chunk), and they move through
+    files: the shuffle carries each chunk's path, and a group's files are read when it is
+    formed. The DirectRunner holds a shuffle's whole input in memory, and the leftovers of all
+    chunks grow with the dataset (with them in the shuffle, a 48-copy instruction run peaked
+    380 MB above a 12-copy one); a group holds about ``SHARDS_PER_TAIL_BUCKET`` shards'
+    leftovers. Sorting by chunk id inside each group keeps the result independent of arrival
+    order.
+    """
+
+    def __init__(self, plan: TailPlan):
+        super().__init__()
+        self.plan = plan
+
+    def expand(self, tails: beam.PCollection) -> beam.PCollection:
+        buckets = self.plan.buckets
+        return (
+            tails
+            | "Spill" >> beam.Map(spill_tail, self.plan.spill_dir)
+            | "Bucket" >> beam.Map(lambda note: (
+                (tail_bucket(note[0], buckets), is_validation(note[0])), note))
+            | "Group" >> beam.GroupByKey()
+            | "Order" >> beam.MapTuple(lambda key, group: TailGroup(
+                f"~tails-{key[0]:05d}{VALIDATION_MARK if key[1] else ''}",
+                tuple(read_tail(path) for _, path in sorted(group)))))

@@ -1,0 +1,1 @@
+"""Curation shared by both branches: mixing, validation splits, decontamination."""

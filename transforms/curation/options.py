@@ -1,0 +1,134 @@
+"""Options and configuration for what shapes a dataset beyond cleaning: mixing sources by
+weight, holding out a validation split, removing evaluation data, and curriculum phases.
+
+The steps live in ``mixing``, ``splits`` and ``decontam``; this module turns options and
+``--input`` declarations into one validated configuration per branch, so a wrong weight or a
+missing declaration fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from transforms.core.option_types import (
+    fraction_or_count,
+    non_negative_int,
+    positive_fraction,
+    positive_int,
+)
+from transforms.core.records import InputSpec
+from transforms.core.vocabulary import (
+    BRANCHES,
+)
+from transforms.curation.decontam import DecontamConfig
+from transforms.curation.mixing import MIX_SCALES, MixConfig
+from transforms.io.readers import parse_input_spec, split_input_values
+
+GROUP = "mixing, validation split and decontamination"
+
+
+class CurationOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(GROUP)
+        group.add_argument(
+            "--mix_scale", choices=MIX_SCALES, default="down",
+            help="With input weights (name=SOURCE;weight=W): 'down' (default) reaches the "
+            "target shares by leaving records out and never repeats one; 'up' repeats records "
+            "and never leaves one out.")
+        group.add_argument(
+            "--seed", type=non_negative_int, default=0,
+            help="Seed of the content hashes that choose mixed and held-out records (default 0).")
+        for branch in BRANCHES:
+            group.add_argument(
+                f"--{branch}_validation", type=fraction_or_count, default=0.0,
+                help=f"Hold out part of the {branch} branch as validation/ files: a fraction "
+                "(0.01) or a count of records (500); chosen by content hash, disjoint from "
+                "training (default 0: none).")
+        group.add_argument(
+            "--decontaminate", action="append",
+            help="Evaluation data to keep out of training (repeatable or comma-separated, "
+            "with #declarations like --input, e.g. 'gsm8k_test.jsonl#text=question'). "
+            "Training records sharing enough word n-grams with any of its texts are filtered "
+            "as 'contaminated'.")
+        group.add_argument(
+            "--decontam_ngram", type=positive_int, default=8,
+            help="Word n-gram length for decontamination (default 8).")
+        group.add_argument(
+            "--decontam_threshold", type=positive_fraction, default=0.5,
+            help="Filter a training record holding at least this fraction of one evaluation "
+            "text's n-grams (default 0.5).")
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchCuration:
+    """What one branch of one phase does after cleaning and before blocks or packs."""
+
+    decontam: DecontamConfig | None = None
+    validation: float = 0.0
+    seed: int = 0
+    mix: MixConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CurationConfig:
+    mix_scale: str = "down"
+    seed: int = 0
+    knowledge_validation: float = 0.0
+    instruction_validation: float = 0.0
+    decontam: DecontamConfig | None = None
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> CurationConfig:
+        opts = options.view_as(CurationOptions)
+        values = split_input_values(opts.decontaminate or [])
+        decontam = None
+        if values:
+            decontam = DecontamConfig(
+                tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
+                opts.decontam_ngram, opts.decontam_threshold)
+        return cls(opts.mix_scale, opts.seed, opts.knowledge_validation,
+                   opts.instruction_validation, decontam)
+
+    def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
+        return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
+                              mix_config(branch, inputs, self.mix_scale, self.seed))
+
+
+def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,
+               seed: int) -> MixConfig | None:
+    """The branch's mix from the inputs' weights, or None; ValueError when declarations are
+    incomplete or contradict each other."""
+    weighted = [spec for spec in inputs if spec.weight is not None]
+    if not weighted:
+        return None
+    undeclared = [spec.pattern for spec in inputs if spec.branch is None]
+    if undeclared:
+        raise ValueError(
+            "mixing by weight needs every input of its phase to declare branch=..., so that "
+            f"each branch's sources are known before the run; missing on: {', '.join(undeclared)}")
+    mine = [spec for spec in inputs if spec.branch == branch]
+    if not any(spec.weight is not None for spec in mine):
+        return None
+    weights: dict[str, float] = {}
+    for spec in mine:
+        if spec.name is None:
+            raise ValueError(f"--input {spec.pattern}: the {branch} branch is mixed by weight, "
+                             "so each of its inputs needs name=SOURCE (and a weight)")
+        if spec.weight is not None and weights.setdefault(spec.name, spec.weight) != spec.weight:
+            raise ValueError(f"source {spec.name!r} is given two weights: "
+                             f"{weights[spec.name]} and {spec.weight}")
+    unweighted = sorted({spec.name for spec in mine} - set(weights))
+    if unweighted:
+        raise ValueError(f"the {branch} branch is mixed by weight, but source(s) "
+                         f"{', '.join(unweighted)} have no weight=")
+    total = sum(weights.values())
+    return MixConfig(
+        branch=branch,
+        sources=tuple((spec.index, spec.name) for spec in mine),
+        shares=tuple(sorted((name, weight / total) for name, weight in weights.items())),
+        scale=scale, seed=seed)

@@ -1,0 +1,1 @@
+"""The instruction branch: adapt, validate, render with the chat template, mask, pack."""

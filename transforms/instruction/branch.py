@@ -1,0 +1,294 @@
+"""The instruction branch: records to packed SFT sequences with assistant-only loss.
+
+Each chunk is checked against its format's schema (the record as the user stores it), adapted
+to canonical conversations and held to the conversation rules, rendered with the chat template
+and masked (one batched tokenizer call), held to ``seq_len`` by the overflow policy, and packed
+best-fit-decreasing within the chunk; the under-filled packs of all chunks are packed again
+together in a few ordered groups. Packed rows depend only on the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from transforms.core.chunks import Chunk
+from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing, pad_packs
+from transforms.core.records import (
+    Origin,
+    Record,
+    RecordChunk,
+    Rejection,
+)
+from transforms.core.steps import (
+    PARTS,
+    TAILS,
+    BranchOutput,
+    ChunkStep,
+    GatherTails,
+    OverlappedStep,
+    Part,
+    Started,
+    StepChain,
+    TailPlan,
+    apply_step,
+    output_kind,
+)
+from transforms.core.tokenizer import load_tokenizer, pad_token_id
+from transforms.core.vocabulary import (
+    IGNORE_INDEX,
+    INSTRUCTION,
+    REASONS,
+    RecordError,
+)
+from transforms.curation.decontam import Decontaminate
+from transforms.curation.mixing import MixSources
+from transforms.curation.options import BranchCuration
+from transforms.curation.splits import SplitOff, content_digest
+from transforms.instruction.adapters import Conversation, to_conversation
+from transforms.instruction.chat_template import (
+    EncodedExample,
+    RenderError,
+    start_encoding,
+)
+from transforms.instruction.options import InstructionConfig
+from transforms.instruction.schema import (
+    ConversationLimits,
+    RecordSchema,
+    check_conversation,
+)
+
+if TYPE_CHECKING:
+    pass
+
+SFT = "sft"
+UNSELECTED = "instruction.examples_unselected"  # left out by mixing: not kept after all
+FULL_PACK = 0.99  # packs filled at least this much are final; the rest are packed again
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversationChunk(Chunk):
+    chunk_id: str
+    records: tuple[Record, ...]
+    conversations: tuple[Conversation, ...]
+
+    def take(self, indices: Sequence[int]) -> ConversationChunk:
+        return ConversationChunk(self.chunk_id, tuple(self.records[i] for i in indices),
+                                 tuple(self.conversations[i] for i in indices))
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedChunk(Chunk):
+    chunk_id: str
+    examples: tuple[EncodedExample, ...]
+    origins: tuple[Origin, ...] = ()  # per example, for mixing's accounting
+
+    def record_tokens(self) -> np.ndarray:
+        return np.fromiter((len(e.input_ids) for e in self.examples), np.int64,
+                           len(self.examples))
+
+    def record_digests(self, salt: str) -> np.ndarray:
+        return np.array([content_digest(e.input_ids.tobytes() + e.labels.tobytes(), salt)
+                         for e in self.examples], dtype=np.uint64)
+
+    def take(self, indices: Sequence[int]) -> EncodedChunk:
+        return EncodedChunk(self.chunk_id, tuple(self.examples[i] for i in indices),
+                            tuple(self.origins[i] for i in indices))
+
+    def counts(self) -> dict[str, int]:
+        return {"instruction.examples": len(self.examples),
+                "instruction.tokens": sum(len(e.input_ids) for e in self.examples),
+                "instruction.trained_tokens": sum(int(np.count_nonzero(e.labels != IGNORE_INDEX))
+                                                  for e in self.examples)}
+
+
+def conversation_texts(chunk: ConversationChunk) -> list[str]:
+    """What decontamination compares: every message's text content."""
+    return ["\n".join(m["content"] for m in c.messages if isinstance(m.get("content"), str))
+            for c in chunk.conversations]
+
+
+
+
+class ValidateRecords(ChunkStep):
+    """Checks every record, as the user stores it, against the schema of its format."""
+
+    step_name = "validate"
+
+    def __init__(self, schemas: dict[str, RecordSchema]):
+        self.schemas = schemas
+
+    def run(self, chunk: RecordChunk) -> Iterator[RecordChunk]:
+        kept = []
+        for record in chunk.records:
+            try:
+                self.schemas[record.format].check(record.value)
+            except RecordError as error:
+                self.drop(Rejection.of(record, error.reason, error.message))
+                continue
+            kept.append(record)
+        if kept:
+            yield RecordChunk(chunk.chunk_id, tuple(kept))
+
+
+class AdaptConversations(ChunkStep):
+    """Turns every instruction format into the canonical ``messages`` form and holds it to the
+    conversation rules (an assistant turn, role order, no empty reply, size limits)."""
+
+    step_name = "adapt"
+
+    def __init__(self, limits: ConversationLimits):
+        self.limits = limits
+
+    def run(self, chunk: RecordChunk) -> Iterator[ConversationChunk]:
+        kept, conversations = [], []
+        for record in chunk.records:
+            try:
+                conversation = to_conversation(record.value, record.format)
+                check_conversation(conversation, self.limits)
+            except RecordError as error:
+                self.drop(Rejection.of(record, error.reason, error.message))
+                continue
+            kept.append(record)
+            conversations.append(conversation)
+        if kept:
+            yield ConversationChunk(chunk.chunk_id, tuple(kept), tuple(conversations))
+
+
+class EncodeConversations(OverlappedStep):
+    """Renders with the chat template, masks the loss to assistant tokens, applies the overflow
+    policy at ``seq_len``. A chunk's tokens are encoded in the background while the next chunk
+    is rendered (``OverlappedStep``)."""
+
+    step_name = "encode"
+
+    def __init__(self, tokenizer: str, config: InstructionConfig):
+        self.tokenizer_spec = tokenizer
+        self.config = config
+
+    def setup(self) -> None:
+        # The process's shared tokenizer: encoding only reads it (no private copy needed).
+        self.tokenizer = load_tokenizer(self.tokenizer_spec, self.config.chat_template)
+
+    def start(self, chunk: ConversationChunk) -> Callable[[], list[EncodedExample | RenderError]]:
+        config = self.config
+        return start_encoding(self.tokenizer, chunk.conversations, config.mask_options,
+                              config.system_prompt, config.seq_len, config.overflow)
+
+    def run(self, started: Started) -> Iterator[EncodedChunk]:
+        chunk: ConversationChunk = started.chunk
+        results = started.handle()
+        kept, origins = [], []
+        for record, result in zip(chunk.records, results, strict=True):
+            if isinstance(result, RenderError):
+                kind = REASONS[result.reason].kind
+                self.drop(Rejection.of(record, result.reason, result.message), kind=kind)
+                continue
+            kept.append(result)
+            origins.append(record.origin)
+            self.count(f"instruction.mask_method.{result.mask_method}")
+            if result.tokens_cut:
+                self.count("instruction.truncated")
+                self.count("instruction.truncated_tokens", result.tokens_cut)
+        self.count("instruction.examples", len(kept))
+        self.count("instruction.tokens", sum(len(e.input_ids) for e in kept))
+        self.count("instruction.trained_tokens", sum(int(np.count_nonzero(e.labels != IGNORE_INDEX))
+                                                     for e in kept))
+        if kept:
+            yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))
+
+
+class PackSequences(ChunkStep):
+    """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens.
+
+    Packs filled below ``FULL_PACK`` (the last few that best-fit-decreasing opens) go on as the
+    chunk's tail and are packed again with other chunks' tails, unless ``final``. With a
+    ``pad_id``, each row's free room becomes one more segment of pad tokens with no loss.
+    """
+
+    step_name = "pack"
+
+    def __init__(self, seq_len: int, max_segments: int | None, pad_id: int | None = None,
+                 final: bool = False):
+        self.seq_len = seq_len
+        self.max_segments = max_segments
+        self.pad_id = pad_id
+        self.final = final
+
+    def run(self, chunk: EncodedChunk) -> Iterator[beam.pvalue.TaggedOutput]:
+        examples = chunk.examples
+        lengths = np.array([len(e.input_ids) for e in examples], dtype=np.int64)
+        bins = pack_best_fit_decreasing(lengths, self.seq_len, self.max_segments)
+        full = [b for b in bins if self.final or self._is_full(b, lengths)]
+        if full:
+            table = self._rows(examples, lengths, full)
+            self.count("instruction.packs", table.num_rows)
+            self.count("instruction.packed_tokens", int(sum(lengths[b].sum() for b in full)))
+            yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT, chunk.chunk_id),
+                                                       chunk.chunk_id, self.step_name, table))
+        if len(full) < len(bins):
+            leftover = np.sort(np.concatenate([b for b in bins if not self._is_full(b, lengths)]))
+            yield beam.pvalue.TaggedOutput(
+                TAILS, (chunk.chunk_id, tuple(examples[i] for i in leftover)))
+
+    def _is_full(self, members: np.ndarray, lengths: np.ndarray) -> bool:
+        return (lengths[members].sum() >= FULL_PACK * self.seq_len
+                or len(members) == self.max_segments)
+
+    def _rows(self, examples: Sequence[EncodedExample], lengths: np.ndarray,
+              bins: list[np.ndarray]) -> pa.Table:
+        ids = [e.input_ids for e in examples]
+        labels = [e.labels for e in examples]
+        if self.pad_id is not None:
+            ids, labels, bins, pad_tokens = pad_packs(ids, labels, bins, lengths, self.seq_len,
+                                                      self.pad_id)
+            self.count("instruction.pad_tokens", pad_tokens)
+        return build_packed_rows(ids, labels, bins)
+
+
+class InstructionBranch(beam.PTransform):
+    """Instruction chunks in; each step's parts (packed SFT rows, dropped records) and stats
+    out. The parts stay apart so that each is staged where it is made (see build_graph)."""
+
+    def __init__(self, tokenizer: str, config: InstructionConfig, tails: TailPlan,
+                 curation: BranchCuration | None = None):
+        super().__init__()
+        self.curation = curation or BranchCuration()
+        self.schemas = config.load_schemas()
+        self.limits = config.limits
+        self.encode = EncodeConversations(tokenizer, config)
+        self.seq_len = config.seq_len
+        self.max_segments = config.max_segments_per_pack or None
+        self.pad_id = (pad_token_id(load_tokenizer(tokenizer, config.chat_template))
+                       if config.pad_to_seq_len else None)
+        self.tails = tails
+
+    def expand(self, chunks: beam.PCollection) -> BranchOutput:
+        curation = self.curation
+        steps = StepChain(chunks)
+        steps.then("Validate", ValidateRecords(self.schemas))
+        steps.then("Adapt", AdaptConversations(self.limits))
+        if curation.decontam is not None:
+            steps.then("Decontaminate",
+                       Decontaminate(curation.decontam, INSTRUCTION, conversation_texts))
+        steps.then("RenderAndMask", self.encode)
+        if curation.validation:
+            steps.add(steps.main | "SplitValidation" >> SplitOff(curation.validation,
+                                                                  curation.seed))
+        if curation.mix is not None:
+            steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        packed = steps.then("Pack", PackSequences(self.seq_len, self.max_segments, self.pad_id),
+                            TAILS)
+        tails = (packed[TAILS]
+                 | "GatherTails" >> GatherTails(self.tails)
+                 | "JoinTails" >> beam.Map(lambda group: EncodedChunk(
+                     group.chunk_id, tuple(itertools.chain.from_iterable(group.items)))))
+        steps.add(apply_step(tails, "PackTails", PackSequences(
+            self.seq_len, self.max_segments, self.pad_id, final=True)))
+        return steps.output("InstructionStats")

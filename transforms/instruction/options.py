@@ -1,0 +1,130 @@
+"""The instruction branch's command-line options and the configuration they fill."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from transforms.core.option_types import boolean, non_negative_int, positive_int
+from transforms.core.vocabulary import INSTRUCTION_FORMATS
+from transforms.instruction.chat_template import OVERFLOW_POLICIES, MaskOptions
+from transforms.instruction.schema import ConversationLimits, RecordSchema, load_schemas
+
+GROUP = "instruction branch"
+
+
+class InstructionOptions(PipelineOptions):
+    """Options of the instruction branch."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(GROUP)
+        group.add_argument(
+            "--seq_len", type=positive_int, default=2048,
+            help="Maximum tokens per packed SFT sequence (default 2048).")
+        group.add_argument(
+            "--chat_template", default=None,
+            help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
+            "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3).")
+        group.add_argument(
+            "--system_prompt", default=None,
+            help="System message added to conversations that have none.")
+        group.add_argument(
+            "--assistant_turns", choices=("all", "last"), default="all",
+            help="Which assistant turns carry loss: all of them (default) or only the last.")
+        group.add_argument(
+            "--train_end_of_turn", type=boolean, default=True,
+            help="Whether the end-of-turn token after each trained assistant turn carries loss "
+            "(default true).")
+        group.add_argument(
+            "--train_reasoning", type=boolean, default=True,
+            help="Whether the reasoning a reply carries (reasoning_content, a <think> block, or "
+            "#reasoning=FIELD), where the chat template renders it, carries loss (default true).")
+        group.add_argument(
+            "--max_segments_per_pack", type=non_negative_int, default=0,
+            help="Cap on examples per packed sequence; 0 means no cap (default).")
+        group.add_argument(
+            "--schema", action="append", default=None, metavar="FORMAT=PATH",
+            help="A tensorflow-metadata Schema (.pbtxt, local or gs://) that replaces the "
+            f"built-in one of an instruction format ({', '.join(INSTRUCTION_FORMATS)}); repeat "
+            "the option or give a comma-separated list.")
+        group.add_argument(
+            "--max_turns", type=non_negative_int, default=0,
+            help="Reject conversations with more messages than this (too_many_turns); 0 means "
+            "no limit (default).")
+        group.add_argument(
+            "--max_chars", type=non_negative_int, default=0,
+            help="Reject conversations with more characters of message content than this "
+            "(too_many_chars); 0 means no limit (default).")
+        group.add_argument(
+            "--overflow", choices=OVERFLOW_POLICIES, default="truncate",
+            help="Conversations longer than --seq_len: truncate them to the earliest turns that "
+            "fit, ending with a complete assistant turn (default), or drop them; either way one "
+            "with nothing left to train is filtered as too_long.")
+        group.add_argument(
+            "--pad_to_seq_len", type=boolean, default=False,
+            help="Pad every packed sequence to exactly --seq_len tokens for trainers that need "
+            "fixed shapes: the pad run is one more segment of pad tokens with no loss "
+            "(default false: no padding).")
+
+
+def parse_schema_options(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """``FORMAT=PATH`` values (repeated or comma-separated) as sorted ``(format, path)`` pairs."""
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for value in values or () for part in value.split(",")):
+        if not item:
+            continue
+        fmt, sep, path = item.partition("=")
+        if not sep or not path:
+            raise ValueError(f"--schema {item!r}: expected FORMAT=PATH, e.g. alpaca=my.pbtxt")
+        if fmt in pairs:
+            raise ValueError(f"--schema gives format {fmt!r} twice")
+        pairs[fmt] = path
+    return tuple(sorted(pairs.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class InstructionConfig:
+    seq_len: int
+    chat_template: str | None
+    system_prompt: str | None
+    assistant_turns: str
+    train_end_of_turn: bool
+    max_segments_per_pack: int
+    train_reasoning: bool = True
+    schemas: tuple[tuple[str, str], ...] = ()  # (format, path) of user schemas
+    max_turns: int = 0
+    max_chars: int = 0
+    overflow: str = "truncate"
+    pad_to_seq_len: bool = False
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> InstructionConfig:
+        """Reads the options; a bad or unreadable ``--schema`` is a ValueError here, early."""
+        view = options.view_as(InstructionOptions)
+        config = cls(seq_len=view.seq_len, chat_template=view.chat_template,
+                     system_prompt=view.system_prompt, assistant_turns=view.assistant_turns,
+                     train_end_of_turn=view.train_end_of_turn,
+                     train_reasoning=view.train_reasoning,
+                     max_segments_per_pack=view.max_segments_per_pack,
+                     schemas=parse_schema_options(view.schema), max_turns=view.max_turns,
+                     max_chars=view.max_chars, overflow=view.overflow,
+                     pad_to_seq_len=view.pad_to_seq_len)
+        config.load_schemas()
+        return config
+
+    def load_schemas(self) -> dict[str, RecordSchema]:
+        return load_schemas(dict(self.schemas))
+
+    @property
+    def mask_options(self) -> MaskOptions:
+        return MaskOptions(last_turn_only=self.assistant_turns == "last",
+                           train_end_of_turn=self.train_end_of_turn,
+                           train_reasoning=self.train_reasoning)
+
+    @property
+    def limits(self) -> ConversationLimits:
+        return ConversationLimits(max_turns=self.max_turns, max_chars=self.max_chars)

@@ -1,0 +1,1 @@
+"""Reading inputs, writing outputs and the manifest."""

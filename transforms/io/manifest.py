@@ -1,0 +1,360 @@
+"""manifest.json: what a run read, kept, dropped and wrote, and the proof that it all adds up."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import importlib.metadata
+import json
+from collections.abc import Iterable, Mapping
+
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.core.packing import packing_efficiency
+from transforms.core.vocabulary import (
+    FILTERED,
+    MASK_METHODS,
+    REJECTED,
+)
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "numpy",
+                      "tensorflow-metadata", "jinja2")
+
+
+SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
+
+
+def _sample_order(sample: Mapping) -> tuple:
+    return (sample.get("source", ""), sample.get("position", 0),
+            json.dumps(sample, sort_keys=True, default=str))
+
+
+def sum_counters(counters: Iterable[Mapping]) -> dict:
+    """Adds per-chunk counters; a combine function, so it also accepts partial sums.
+
+    The ``samples`` entry, if any, maps a name to example dicts: they are merged and only the
+    first ``SAMPLES_KEPT`` in (source, position) order are kept, so the result is deterministic.
+    """
+    total: collections.Counter = collections.Counter()
+    samples: dict[str, list] = collections.defaultdict(list)
+    for counter in counters:
+        for name, found in counter.get("samples", {}).items():
+            samples[name].extend(found)
+        total.update({k: v for k, v in counter.items() if k != "samples"})
+    result: dict = dict(sorted(total.items()))
+    if samples:
+        result["samples"] = {name: sorted(found, key=_sample_order)[:SAMPLES_KEPT]
+                             for name, found in sorted(samples.items())}
+    return result
+
+
+def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
+    return {k[len(prefix):]: v for k, v in sorted(stats.items()) if k.startswith(prefix)}
+
+
+def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: Mapping,
+                   tokenizer: Mapping, eval_texts: Mapping | None = None) -> dict:
+    """Lays the counters out for people and tools; ``records.balanced`` is the accounting check.
+
+    ``eval_texts`` is ``EvalIndex.counts()`` when the run decontaminates.
+    """
+    rejected = _by_prefix(stats, "rejected.")
+    filtered = _by_prefix(stats, "filtered.")
+    knowledge = _by_prefix(stats, "knowledge.")
+    instruction = _by_prefix(stats, "instruction.")
+    validation = _by_prefix(stats, "validation.")
+    # The validation split and mixing come after tokenization: their records are counted at
+    # tokenization, then taken out again here (held out, or filtered as not selected).
+    tokenized = (knowledge.get("documents", 0), knowledge.get("tokens", 0))
+    for name in ("documents", "tokens"):
+        knowledge[name] = knowledge.get(name, 0) - validation.get(f"knowledge.{name}", 0)
+    for name in ("examples", "tokens", "trained_tokens"):
+        instruction[name] = instruction.get(name, 0) - validation.get(f"instruction.{name}", 0)
+    read = stats.get("records_read", 0)
+    kept_documents = knowledge["documents"] - knowledge.get("documents_unselected", 0)
+    kept_examples = instruction["examples"] - instruction.get("examples_unselected", 0)
+    held_documents = validation.get("knowledge.documents", 0)
+    held_examples = validation.get("instruction.examples", 0)
+    accounted = (kept_documents + kept_examples + held_documents + held_examples
+                 + sum(filtered.values()) + sum(rejected.values()))
+    packs = instruction.get("packs", 0)
+    packed_tokens = instruction.get("packed_tokens", 0)
+    seq_len = config["instruction"]["seq_len"]
+    outputs: dict[str, list] = collections.defaultdict(list)
+    for entry in sorted(files, key=lambda f: f["path"]):
+        outputs[entry["kind"]].append({"path": entry["path"], "rows": entry["rows"]})
+    return {
+        "format_version": FORMAT_VERSION,
+        "complete": True,
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "records": {
+            "read": read,
+            "knowledge": kept_documents + held_documents,
+            "instruction": kept_examples + held_examples,
+            FILTERED: filtered,
+            REJECTED: rejected,
+            "accounted": accounted,
+            "balanced": accounted == read,
+        },
+        "knowledge": {
+            "records_in": knowledge.get("records_in", 0),
+            "documents": kept_documents,
+            "dropped": _by_prefix(knowledge, "dropped."),
+            "tokens": knowledge.get("tokens", 0),
+            # per tokenized document (validation included), without its end-of-text separator
+            "document_tokens": {
+                "min": knowledge.get("document_tokens_min"),
+                "mean": (round(tokenized[1] / tokenized[0], 1) if tokenized[0] else None),
+                "max": knowledge.get("document_tokens_max"),
+                "histogram": {f"<={bound}": count for bound, count in sorted(
+                    (int(bound), count)
+                    for bound, count in _by_prefix(knowledge, "document_tokens.le_").items())},
+            },
+            "separator_tokens": knowledge.get("separator_tokens", 0),
+            "blocks": knowledge.get("blocks", 0),
+            "block_size": config["knowledge"]["block_size"],
+            "tokens_out": knowledge.get("tokens_out", 0),
+            "remainder_policy": config["knowledge"]["remainder"],
+            "remainder_tokens": knowledge.get("remainder_tokens", 0),
+            "pad_tokens": knowledge.get("pad_tokens", 0),
+        },
+        "instruction": {
+            "records_in": instruction.get("records_in", 0),
+            "examples": kept_examples,
+            "tokens": instruction.get("tokens", 0),
+            "trained_tokens": instruction.get("trained_tokens", 0),
+            # every conversation encoded (validation split included), by loss-mask method
+            "mask_methods": {method: instruction.get(f"mask_method.{method}", 0)
+                             + validation.get(f"instruction.mask_method.{method}", 0)
+                             for method in MASK_METHODS},
+            "packs": packs,
+            "seq_len": seq_len,
+            "packed_tokens": packed_tokens,
+            "packing_efficiency": _efficiency(packed_tokens, packs, seq_len),
+            # ceil(tokens / seq_len): no packing of these examples needs fewer rows.
+            "packs_lower_bound": -(-packed_tokens // seq_len),
+            "overflow": config["instruction"].get("overflow"),
+            "truncated": instruction.get("truncated", 0),
+            "truncated_tokens": instruction.get("truncated_tokens", 0),
+            "pad_tokens": instruction.get("pad_tokens", 0),
+        },
+        **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
+        "inputs": _inputs(stats, config["inputs"]),
+        "outputs": dict(outputs),
+        "tokenizer": dict(tokenizer),
+        "config": dict(config),
+        "versions": package_versions(),
+    }
+
+
+def _efficiency(tokens: int, packs: int, seq_len: int) -> float | None:
+    """``packing_efficiency``, rounded for the manifest."""
+    efficiency = packing_efficiency(tokens, packs, seq_len)
+    return None if efficiency is None else round(efficiency, 6)
+
+
+def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Mapping,
+                       seq_len: int, eval_texts: Mapping) -> dict:
+    """The validation split, mixing and decontamination sections, present when in use."""
+    sections: dict = {}
+    curation = config.get("curation") or {}
+    if validation:
+        packs = validation.get("instruction.packs", 0)
+        tokens = validation.get("instruction.packed_tokens", 0)
+        sections["validation"] = {
+            "records": validation.get("knowledge.documents", 0)
+            + validation.get("instruction.examples", 0),
+            "knowledge": {name: validation.get(f"knowledge.{name}", 0) for name in (
+                "documents", "tokens", "blocks", "tokens_out", "remainder_tokens")},
+            "instruction": {
+                **{name: validation.get(f"instruction.{name}", 0) for name in (
+                    "examples", "tokens", "trained_tokens", "packs", "packed_tokens")},
+                "packing_efficiency": _efficiency(tokens, packs, seq_len)},
+        }
+    mix = _by_prefix(stats, "mix.")
+    if mix:
+        sections["mixing"] = {
+            "scale": curation.get("mix_scale"),
+            "seed": curation.get("seed"),
+            **{branch: _mix_report(branch, mix, config) for branch in ("knowledge", "instruction")
+               if any(key.startswith(f"{branch}.") for key in mix)}}
+    decontam = curation.get("decontam")
+    if decontam:
+        eval_sets = [spec["pattern"] for spec in decontam["eval_sets"]]
+        removed = _by_prefix(stats, "decontamination.")
+        sections["decontamination"] = {
+            "eval_sets": eval_sets,
+            "ngram": decontam["ngram"],
+            "threshold": decontam["threshold"],
+            # texts shorter than ``ngram`` words are not indexed: nothing is checked against them
+            "eval_texts": {pattern: dict(counts) for pattern, counts in eval_texts.items()},
+            "removed": {branch: {eval_sets[int(k)]: n for k, n in _by_prefix(
+                removed, f"{branch}.").items()} for branch in ("knowledge", "instruction")},
+            "examples": stats.get("samples", {}).get("decontamination", []),
+        }
+    return sections
+
+
+def _mix_report(branch: str, mix: Mapping[str, int], config: Mapping) -> dict:
+    """Per source: tokens and records before and after, target and reached share."""
+    figures: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for key, value in _by_prefix(mix, f"{branch}.").items():
+        source, metric = key.rsplit(".", 1)
+        figures[source][metric] = value
+    weights: dict[str, float] = {}
+    for spec in config["inputs"]:
+        if spec.get("branch") == branch and spec.get("weight") is not None:
+            weights[spec["name"]] = spec["weight"]
+    total_weight = sum(weights.values())
+    total_out = sum(f.get("tokens_out", 0) for f in figures.values())
+    return {source: {
+        **{m: figures[source].get(m, 0) for m in ("records_in", "tokens_in", "records_out",
+                                                   "tokens_out")},
+        "target_share": round(weights[source] / total_weight, 6) if total_weight else None,
+        "share": round(figures[source].get("tokens_out", 0) / total_out, 6) if total_out else 0,
+    } for source in sorted(figures)}
+
+
+def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
+    """Per ``--input``: records read and what left the pipeline, by reason."""
+    return [
+        {
+            "pattern": spec["pattern"],
+            "name": spec.get("name"),
+            "read": stats.get(f"input.{spec['index']}.read", 0),
+            REJECTED: _by_prefix(stats, f"input.{spec['index']}.rejected."),
+            FILTERED: _by_prefix(stats, f"input.{spec['index']}.filtered."),
+        }
+        for spec in inputs
+    ]
+
+
+def check_rows_written(manifest: Mapping) -> None:
+    """Refuses to mark a run complete when the files hold fewer or more rows than the steps
+    counted: a lost or doubled staged part must fail loudly, never pass as a smaller dataset."""
+    records = manifest["records"]
+    expected = {
+        "pretrain": manifest["knowledge"]["blocks"],
+        "sft": manifest["instruction"]["packs"],
+        REJECTED: sum(records[REJECTED].values()),
+    }
+    if "validation" in manifest:
+        expected["validation/pretrain"] = manifest["validation"]["knowledge"]["blocks"]
+        expected["validation/sft"] = manifest["validation"]["instruction"]["packs"]
+    if manifest["config"].get("write_filtered"):
+        expected[FILTERED] = sum(records[FILTERED].values())
+    written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))
+               for kind in expected}
+    wrong = {kind: (written[kind], n) for kind, n in expected.items() if written[kind] != n}
+    if wrong:
+        detail = ", ".join(f"{kind}: {w:,} rows written, {n:,} counted"
+                           for kind, (w, n) in wrong.items())
+        raise RowCountError(f"output files do not hold what the steps produced ({detail}); "
+                            "the run is not marked complete (no manifest.json)")
+
+
+class RowCountError(RuntimeError):
+    """Rows were lost or doubled between the steps and the output files."""
+
+
+def check_reject_fraction(manifest: Mapping, max_fraction: float) -> None:
+    """Refuses to mark a run complete when an input's rejections point to a configuration
+    mistake (a wrong mapping, format or branch), naming the input and its top reasons."""
+    for entry in manifest["inputs"]:
+        rejected = sum(entry[REJECTED].values())
+        if entry["read"] and rejected / entry["read"] > max_fraction:
+            top = sorted(entry[REJECTED].items(), key=lambda kv: -kv[1])[:3]
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in top)
+            raise RejectRateError(
+                f"{rejected:,} of {entry['read']:,} records of --input {entry['pattern']} were "
+                f"rejected ({rejected / entry['read']:.0%} > --max_reject_fraction="
+                f"{max_fraction}); top reasons: {reasons}. The run is not marked complete "
+                "(no manifest.json); see rejected/ for the records.")
+
+
+class RejectRateError(RuntimeError):
+    """Too many records of one input were rejected."""
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def write_manifest(output_dir: str, manifest: Mapping) -> str:
+    path = FileSystems.join(output_dir, MANIFEST_NAME)
+    with FileSystems.create(path) as handle:
+        handle.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+    return path
+
+
+def read_manifest(output_dir: str) -> dict:
+    with FileSystems.open(FileSystems.join(output_dir, MANIFEST_NAME)) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def summary_lines(manifest: Mapping) -> list[str]:
+    """The short report printed at the end of a local run."""
+    records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
+    efficiency = inst["packing_efficiency"]
+    lines = [
+        f"records read {records['read']:,}: knowledge {records['knowledge']:,}, "
+        f"instruction {records['instruction']:,}, filtered {sum(records['filtered'].values()):,}, "
+        f"rejected {sum(records['rejected'].values()):,} "
+        f"({'balanced' if records['balanced'] else 'NOT BALANCED'})",
+        f"pretrain: {know['documents']:,} of {know['records_in']:,} documents kept "
+        f"({sum(know['dropped'].values()):,} filtered), {know['tokens']:,} tokens -> "
+        f"{know['blocks']:,} blocks of {know['block_size']} "
+        f"({know['remainder_tokens']:,} remainder tokens dropped, {know['pad_tokens']:,} padded)",
+        f"sft: {inst['examples']:,} examples ({inst.get('truncated', 0):,} truncated, "
+        f"{inst.get('truncated_tokens', 0):,} tokens cut), {inst['tokens']:,} tokens "
+        f"({inst['trained_tokens']:,} trained) -> {inst['packs']:,} packs of <= {inst['seq_len']} "
+        f"(lower bound {inst.get('packs_lower_bound', 0):,}), "
+        f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}"
+        + (f", {inst['pad_tokens']:,} pad tokens" if inst.get("pad_tokens") else ""),
+    ]
+    lines += _curation_lines(manifest)
+    for kind in (REJECTED, FILTERED):
+        if records[kind]:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(records[kind].items(),
+                                                                  key=lambda kv: -kv[1]))
+            lines.append(f"{kind} by reason: {reasons}")
+    for kind, files in manifest["outputs"].items():
+        rows = sum(f["rows"] for f in files)
+        lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "
+                     f"{FileSystems.split(files[0]['path'])[0]}")
+    return lines
+
+
+def _curation_lines(manifest: Mapping) -> list[str]:
+    lines = []
+    held = manifest.get("validation")
+    if held:
+        lines.append(f"validation: {held['knowledge']['documents']:,} documents -> "
+                     f"{held['knowledge']['blocks']:,} blocks, {held['instruction']['examples']:,}"
+                     f" examples -> {held['instruction']['packs']:,} packs")
+    mixing = manifest.get("mixing", {})
+    for branch in ("knowledge", "instruction"):
+        if branch in mixing:
+            shares = ", ".join(f"{name} {s['share']:.1%} (target {s['target_share']:.1%})"
+                               for name, s in mixing[branch].items())
+            lines.append(f"mixing {branch} (scale {mixing['scale']}): {shares}")
+    decontam = manifest.get("decontamination")
+    if decontam:
+        removed = {branch: sum(found.values()) for branch, found in decontam["removed"].items()}
+        lines.append(f"decontamination: {sum(removed.values()):,} records removed "
+                     f"(knowledge {removed['knowledge']:,}, instruction "
+                     f"{removed['instruction']:,}) against {len(decontam['eval_sets'])} "
+                     "evaluation set(s)")
+        short = sum(counts["too_short"] for counts in decontam.get("eval_texts", {}).values())
+        if short:
+            lines.append(f"decontamination: {short:,} evaluation text(s) shorter than "
+                         f"{decontam['ngram']} words were not checked (see eval_texts)")
+    return lines

@@ -1,0 +1,819 @@
+"""Turn ``--input`` values into deterministic shards and stream each shard as ``RecordChunk``s.
+
+Reading happens in two steps so that every runner sees the same records in the same order.
+``plan_shards`` runs once, when the graph is built: it expands the patterns and cuts files into a
+fixed list of ``ShardSpec``s (byte ranges, row-group ranges or whole files). ``read_shard`` then
+streams one shard into bounded chunks whose ids come from the input alone (seqio's
+``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of ``read_shard``: it comes
+out as a ``Record`` with an ``error``, so the manifest can account for it.
+
+All file access goes through Beam's ``FileSystems``, so ``gs://`` paths work like local ones.
+Decompression is done here rather than by Beam's ``CompressedFile`` because that class (like
+zstandard's ``stream_reader``) ends quietly at the end of a truncated stream, which would drop the
+rest of the file without a trace; the readers below report it as ``unreadable_file``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import csv
+import dataclasses
+import gzip
+import io
+import itertools
+import json
+import lzma
+import posixpath
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.core.records import (
+    CANONICAL_FIELDS,
+    LABEL,
+    RAW_CAP_BYTES,
+    TEXT_UNITS,
+    InputSpec,
+    Record,
+    RecordChunk,
+    ShardSpec,
+)
+from transforms.core.vocabulary import (
+    BRANCHES,
+    FILE_FORMATS,
+    INVALID_UTF8,
+    MALFORMED_CSV,
+    MALFORMED_JSON,
+    NOT_AN_OBJECT,
+    RECORD_TOO_LARGE,
+    TOO_DEEPLY_NESTED,
+    UNREADABLE_FILE,
+)
+
+MiB = 1 << 20
+DEFAULT_TARGET_SHARD_BYTES = 64 * MiB
+DEFAULT_CHUNK_RECORDS = 1000
+DEFAULT_CHUNK_BYTES = 8 * MiB
+DEFAULT_MAX_RECORD_BYTES = 16 * MiB
+
+_SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase")
+_FORMAT_BY_EXTENSION = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".csv": "csv",
+    ".tsv": "csv",
+}
+_BOM = b"\xef\xbb\xbf"
+_BLOCK = 1 << 20  # bytes read from a stream at a time
+_LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
+_TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
+
+
+# --------------------------------------------------------------------------- input specs
+
+
+def split_input_values(values: Iterable[str]) -> list[str]:
+    """Split comma-separated ``--input`` values and drop blanks.
+
+    A Flex Template parameter holds one string, so several patterns arrive as ``a,b,c``; the
+    command line may also repeat ``--input``. Both forms end up as one flat list. Patterns and
+    declarations therefore cannot contain commas.
+    """
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def parse_input_spec(index: int, value: str) -> InputSpec:
+    """Parse ``PATTERN[#key=value;key=value...]`` into an ``InputSpec``.
+
+    ``branch``, ``format``, ``text_unit``, ``name``, ``weight`` and ``phase`` are settings; any
+    other key maps a canonical field to a source field (``prompt=question``). Everything after
+    the first ``#`` is declarations, so a path pattern cannot contain ``#``. Errors name the
+    offending value so a typo fails the job before any work starts.
+    """
+    pattern, _, declarations = value.partition("#")
+    pattern = pattern.strip()
+    if not pattern:
+        raise ValueError(f"--input {value!r}: the path pattern is empty")
+    settings: dict[str, str] = {}
+    fields: dict[str, str] = {}
+    for pair in declarations.split(";"):
+        if not pair.strip():
+            continue
+        key, eq, val = (part.strip() for part in pair.partition("="))
+        if not eq or not key or not val:
+            raise ValueError(f"--input {value!r}: {pair.strip()!r} is not key=value")
+        if key in settings or key in fields:
+            raise ValueError(f"--input {value!r}: {key!r} is declared twice")
+        if key not in _SETTINGS and key not in CANONICAL_FIELDS:
+            raise ValueError(
+                f"--input {value!r}: {key!r} is neither a setting ({', '.join(sorted(_SETTINGS))}) "
+                f"nor a canonical field ({', '.join(CANONICAL_FIELDS)})"
+            )
+        (settings if key in _SETTINGS else fields)[key] = val
+    for key, allowed in (("branch", BRANCHES), ("format", FILE_FORMATS), ("text_unit", TEXT_UNITS)):
+        if key in settings and settings[key] not in allowed:
+            raise ValueError(
+                f"--input {value!r}: {key}={settings[key]!r} is not one of {', '.join(allowed)}"
+            )
+    if settings.get("format", "text") != "text" and "text_unit" in settings:
+        raise ValueError(f"--input {value!r}: text_unit applies only to format=text")
+    for key in ("name", "phase"):
+        if key in settings and not LABEL.fullmatch(settings[key]):
+            raise ValueError(f"--input {value!r}: {key}={settings[key]!r} must be letters, "
+                             "digits, '_' and '-', starting with a letter or digit")
+    weight = None
+    if "weight" in settings:
+        try:
+            weight = float(settings["weight"])
+        except ValueError:
+            weight = -1.0
+        if not weight > 0 or weight == float("inf"):
+            raise ValueError(f"--input {value!r}: weight={settings['weight']!r} must be a "
+                             "number above 0")
+    return InputSpec(
+        index=index,
+        pattern=pattern,
+        branch=settings.get("branch"),
+        format=settings.get("format"),
+        text_unit=settings.get("text_unit", "file"),
+        name=settings.get("name"),
+        fields=tuple(sorted(fields.items())),
+        weight=weight,
+        phase=settings.get("phase"),
+    )
+
+
+# --------------------------------------------------------------------------- compression
+
+
+class _ZstdReader(io.RawIOBase):
+    """Decompress concatenated zstd frames, raising EOFError when the input stops inside one."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        # Windows up to 2 GiB, as Beam allows, so that archives made with `zstd --long` open.
+        self._dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+        self._frame: zstandard.ZstdDecompressionObj | None = None
+        self._tail = b""  # input that follows a finished frame
+        self._pending = memoryview(b"")  # decompressed output not yet handed out
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:
+        while not self._pending:
+            data, self._tail = self._tail or self._raw.read(_BLOCK // 4), b""
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("zstd stream ended inside a frame (truncated file)")
+                return 0
+            if self._frame is None or self._frame.eof:
+                self._frame = self._dctx.decompressobj()
+            self._pending = memoryview(self._frame.decompress(data))
+            if self._frame.eof:
+                self._tail = self._frame.unused_data
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def _zstd_stream(raw: BinaryIO) -> BinaryIO:
+    return io.BufferedReader(_ZstdReader(raw), buffer_size=_BLOCK)
+
+
+# Each opener wraps a raw FileSystems stream and raises on truncated or corrupt input.
+_DECOMPRESSORS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    ".zst": _zstd_stream,
+    ".zstd": _zstd_stream,
+    ".bz2": bz2.BZ2File,
+    ".xz": lzma.LZMAFile,
+}
+
+# What a broken or vanished file raises while it is read; anything else is a bug and propagates.
+_READ_ERRORS = (
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    zstandard.ZstdError,
+    pa.ArrowException,
+)
+
+
+def _compression_suffix(path: str) -> str | None:
+    lower = path.lower()
+    return next((suffix for suffix in _DECOMPRESSORS if lower.endswith(suffix)), None)
+
+
+def _uncompressed_name(path: str) -> str:
+    """The lower-cased path without its compression suffix, for telling formats apart."""
+    lower = path.lower()
+    suffix = _compression_suffix(lower)
+    return lower[: -len(suffix)] if suffix else lower
+
+
+@contextlib.contextmanager
+def _open(path: str) -> Iterator[BinaryIO]:
+    """Open ``path`` for reading, decompressing by its suffix."""
+    with contextlib.ExitStack() as stack:
+        raw = stack.enter_context(
+            FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        )
+        suffix = _compression_suffix(path)
+        yield raw if suffix is None else stack.enter_context(_DECOMPRESSORS[suffix](raw))
+
+
+def file_format(path: str) -> str:
+    """The format implied by the file extension, looking through a compression suffix."""
+    fmt = _FORMAT_BY_EXTENSION.get(posixpath.splitext(_uncompressed_name(path))[1])
+    if fmt is None:
+        raise ValueError(
+            f"cannot tell the format of {path!r} from its extension; declare it on the input, "
+            f"e.g. PATTERN#format=jsonl (one of {', '.join(FILE_FORMATS)})"
+        )
+    return fmt
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_shards(
+    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
+) -> list[ShardSpec]:
+    """Expand the input patterns into a deterministic list of shards.
+
+    Runs before any work so that a pattern matching nothing, an unknown extension or a
+    compressed Parquet file stops the job at once. Files are taken in sorted path order; the same
+    specs over the same files always give the same list. Uncompressed JSONL and line/paragraph
+    text are cut into byte ranges and Parquet into row-group ranges of about
+    ``target_shard_bytes`` each; anything else is one shard per file.
+    """
+    if target_shard_bytes < 1:
+        raise ValueError(f"target_shard_bytes must be positive, got {target_shard_bytes}")
+    shards: list[ShardSpec] = []
+    for spec in specs:
+        metadata = FileSystems.match([spec.pattern])[0].metadata_list
+        if not metadata:
+            raise ValueError(f"--input pattern {spec.pattern!r} matches no files")
+        for meta in sorted(metadata, key=lambda m: m.path):
+            shards.extend(_plan_file(spec, meta.path, meta.size_in_bytes, target_shard_bytes))
+    return shards
+
+
+def _plan_file(spec: InputSpec, path: str, size: int, target: int) -> list[ShardSpec]:
+    fmt = spec.format or file_format(path)
+    unit = spec.text_unit if fmt == "text" else "file"
+    index = spec.index
+    compressed = _compression_suffix(path) is not None
+    if fmt == "parquet":
+        if compressed:
+            raise ValueError(
+                f"{path!r}: Parquet cannot be read through an outer compression; "
+                "Parquet compresses its own pages"
+            )
+        return _plan_parquet(index, path, target)
+    byte_ranges = not compressed and (fmt == "jsonl" or (fmt == "text" and unit != "file"))
+    count = max(1, -(-size // target)) if byte_ranges else 1
+    bounds: list[int | None] = [size * i // count for i in range(count)] + [None]
+    return [
+        ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i] or 0, end=bounds[i + 1])
+        for i in range(count)
+    ]
+
+
+def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
+    """Group consecutive row groups until their compressed size reaches ``target``."""
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            meta = pq.ParquetFile(f).metadata
+    except _READ_ERRORS:
+        # Not readable now: one shard, and read_shard reports it as unreadable_file.
+        return [ShardSpec(index, path, "parquet")]
+    shards: list[ShardSpec] = []
+    first, size = 0, 0
+    for i in range(meta.num_row_groups - 1):  # the last group always closes the last shard
+        group = meta.row_group(i)
+        size += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+        if size >= target:
+            shards.append(ShardSpec(index, path, "parquet", start=first, end=i + 1))
+            first, size = i + 1, 0
+    shards.append(ShardSpec(index, path, "parquet", start=first))
+    return shards
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_shard(
+    shard: ShardSpec,
+    chunk_records: int = DEFAULT_CHUNK_RECORDS,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[RecordChunk]:
+    """Stream one shard as chunks of at most ``chunk_records`` records or about ``chunk_bytes``.
+
+    Chunk ids are ``{shard_id}:{n:06d}`` so they sort in input order. Memory is bounded by the
+    chunk and ``max_record_bytes``, except for JSON files, which are parsed whole. Data problems
+    (bad JSON, bad UTF-8, oversized or ragged records, corrupt or truncated files) come out as
+    records with an ``error``; a file that breaks mid-way yields one ``unreadable_file`` record at
+    the position reached and ends the shard.
+    """
+    if min(chunk_records, chunk_bytes, max_record_bytes) < 1:
+        raise ValueError("chunk_records, chunk_bytes and max_record_bytes must be positive")
+    if shard.format not in _READERS:
+        raise ValueError(f"{shard.path!r}: unknown format {shard.format!r}")
+    batch: list[Record] = []
+    size = 0
+    number = 0
+    for record, nbytes in _read_records(shard, max_record_bytes):
+        batch.append(record)
+        size += nbytes
+        if len(batch) >= chunk_records or size >= chunk_bytes:
+            yield RecordChunk(f"{shard.shard_id}:{number:06d}", tuple(batch))
+            batch, size, number = [], 0, number + 1
+    if batch:
+        yield RecordChunk(f"{shard.shard_id}:{number:06d}", tuple(batch))
+
+
+@dataclasses.dataclass
+class _Cursor:
+    """How far a reader has got, so that a failure is reported where it happened."""
+
+    position: int
+
+
+# A reader yields (record, bytes of input it stands for) and keeps the cursor up to date.
+_Reader = Callable[[ShardSpec, _Cursor, int], Iterator[tuple[Record, int]]]
+
+
+def _read_records(shard: ShardSpec, limit: int) -> Iterator[tuple[Record, int]]:
+    line_based = shard.format == "jsonl" or (shard.format == "text" and shard.text_unit != "file")
+    cursor = _Cursor(shard.start if line_based else 0)
+    try:
+        yield from _READERS[shard.format](shard, cursor, limit)
+    except _READ_ERRORS as error:
+        message = f"{type(error).__name__}: {error}"
+        yield _failed(shard, cursor.position, UNREADABLE_FILE, message, ""), 0
+
+
+def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
+    return Record(shard.path, position, shard.input_index, error=(reason, message), raw=raw)
+
+
+def _raw(data: bytes, truncated: bool = False) -> str:
+    """Capped text of a bad record, marked the way records.raw_text marks truncation."""
+    text = data[:RAW_CAP_BYTES].decode("utf-8", "replace")
+    return text + _TRUNCATED if truncated or len(data) > RAW_CAP_BYTES else text
+
+
+def _raw_text(text: str) -> str:
+    return _raw(text.encode("utf-8", "surrogateescape"))
+
+
+# ----------------------------------------------------------------- line-delimited input
+
+
+@dataclasses.dataclass(frozen=True)
+class _Line:
+    offset: int  # of the line's first byte
+    data: bytes  # without the newline; when too_long, a prefix of at most RAW_CAP_BYTES
+    size: int  # full length without the newline
+    blank: bool  # empty or ASCII whitespace only
+    too_long: bool
+
+
+def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterator[_Line]:
+    """Split a byte stream at ``\\n`` without ever holding much more than ``limit`` bytes.
+
+    A line longer than ``limit`` keeps only a capped prefix while the rest streams past. A UTF-8
+    BOM at offset 0 is skipped, so the first record's offset is that of its first real byte.
+    """
+    parts: list[bytes] = []
+    size = 0
+    blank = True
+    start = cursor.position = offset
+    while block := stream.read1(_BLOCK):  # read1: a later failure keeps what came before
+        if start == 0 and size == 0:  # the first block: look for a BOM, however it was cut
+            block += stream.read(max(0, len(_BOM) - len(block)))
+            if block.startswith(_BOM):
+                block = block[len(_BOM) :]
+                start = cursor.position = len(_BOM)
+        pos = 0
+        while True:
+            newline = block.find(b"\n", pos)
+            piece = block[pos:] if newline < 0 else block[pos:newline]
+            blank = blank and (not piece or piece.isspace())
+            if size + len(piece) <= limit:
+                parts.append(piece)
+            elif size <= limit:  # this piece makes the line too long: keep a prefix only
+                parts = [b"".join([*parts, piece])[:RAW_CAP_BYTES]]
+            size += len(piece)
+            if newline < 0:
+                break
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            yield _Line(start, data, size, blank, size > limit)
+            start += size + 1
+            cursor.position = start
+            parts, size, blank = [], 0, True
+            pos = newline + 1
+    if size:
+        yield _Line(start, b"".join(parts), size, blank, size > limit)
+
+
+def _first_lines(
+    shard: ShardSpec, stream: BinaryIO, cursor: _Cursor, limit: int
+) -> tuple[Iterator[_Line], bool]:
+    """The lines that start at or after ``shard.start``, and whether the line before is blank.
+
+    The rest of a line that began before ``start`` is skipped: the previous range's reader owns
+    it. Paragraph readers need to know if that line was blank (the start of the file counts as
+    blank), which may take a look back past ``start``. Ranges that start within the first bytes
+    read from 0, so that a BOM is seen the same way by every range.
+    """
+    if shard.start <= len(_BOM):
+        lines = _lines(stream, 0, cursor, limit)
+        previous_blank = True
+        for line in lines:
+            if line.offset >= shard.start:
+                return itertools.chain([line], lines), previous_blank
+            previous_blank = line.blank
+        return lines, previous_blank
+    stream.seek(shard.start - 1)
+    lines = _lines(stream, shard.start - 1, cursor, limit)
+    tail = next(lines, None)
+    if tail is None or not tail.blank:
+        return lines, tail is None
+    resume = stream.tell()
+    head_blank = _line_head_blank(stream, shard.start - 1)
+    stream.seek(resume)  # the generator goes on reading from where it was
+    return lines, head_blank
+
+
+def _line_head_blank(stream: BinaryIO, pos: int) -> bool:
+    """Whether the bytes from the start of the line holding ``pos`` up to ``pos`` are blank.
+
+    Reads backwards in small steps and stops at the first newline or non-blank byte.
+    """
+    while pos > 0:
+        low = max(0, pos - _LOOKBACK_BLOCK)
+        stream.seek(low)
+        data = stream.read(pos - low)
+        if low == 0:
+            data = data.removeprefix(_BOM)
+        newline = data.rfind(b"\n")
+        rest = data[newline + 1 :]
+        if rest and not rest.isspace():
+            return False
+        if newline >= 0:
+            return True
+        pos = low
+    return True
+
+
+def _text_value(shard: ShardSpec, line: _Line, limit: int) -> Record | str:
+    """The line decoded, or an error record when it is too long or not UTF-8."""
+    if line.too_long:
+        message = f"line of {line.size} bytes exceeds max_record_bytes={limit}"
+        return _failed(shard, line.offset, RECORD_TOO_LARGE, message, _raw(line.data, True))
+    try:
+        return line.data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return _failed(shard, line.offset, INVALID_UTF8, str(error), _raw(line.data))
+
+
+def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    with _open(shard.path) as stream:
+        lines, _ = _first_lines(shard, stream, cursor, limit)
+        for line in lines:
+            if shard.end is not None and line.offset >= shard.end:
+                return
+            if not line.blank:
+                yield _json_line(shard, line, limit), line.size + 1
+
+
+# RecursionError: JSON nested deeper than the parser's stack, a hostile record, not a crash.
+_JSON_ERRORS = (json.JSONDecodeError, RecursionError)
+
+
+# Deeper values parse but cannot be pickled between Beam stages; no real record nests this deep.
+MAX_JSON_DEPTH = 64
+_DEPTH_MESSAGE = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _too_deep(value: object) -> bool:
+    """Whether ``value`` nests lists and objects deeper than MAX_JSON_DEPTH (iteratively)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if isinstance(node, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in children
+                         if isinstance(child, dict | list))
+    return False
+
+
+def _json_message(error: Exception) -> str:
+    return "JSON nested too deeply to parse" if isinstance(error, RecursionError) else str(error)
+
+
+def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
+    text = _text_value(shard, line, limit)
+    if isinstance(text, Record):
+        return text
+    try:
+        value = json.loads(text)
+    except _JSON_ERRORS as error:
+        return _failed(shard, line.offset, MALFORMED_JSON, _json_message(error),
+                       _raw_text(text.rstrip("\r")))
+    # Each level of nesting opens with a bracket: a line with few cannot nest too deeply, and
+    # then the walk is skipped.
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _too_deep(value):
+        return _failed(shard, line.offset, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE,
+                       _raw_text(text.rstrip("\r")))
+    if not isinstance(value, dict):
+        message = f"a JSON {type(value).__name__}, not an object"
+        return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
+    return Record(shard.path, line.offset, shard.input_index, value=value)
+
+
+def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    with _open(shard.path) as stream:
+        lines, _ = _first_lines(shard, stream, cursor, limit)
+        for line in lines:
+            if shard.end is not None and line.offset >= shard.end:
+                return
+            if line.blank:
+                continue
+            value = _text_value(shard, line, limit)
+            if isinstance(value, str):
+                value = Record(shard.path, line.offset, shard.input_index, value=value.rstrip("\r"))
+            yield value, line.size + 1
+
+
+class _Paragraph:
+    """Consecutive non-blank lines; once past ``limit`` bytes, later lines are not kept."""
+
+    def __init__(self, first: _Line, limit: int) -> None:
+        self.offset = first.offset
+        self.size = 0
+        self.too_long = False
+        self._limit = limit
+        self._lines: list[bytes] = []
+        self.add(first)
+
+    def add(self, line: _Line) -> None:
+        self.size = line.offset + line.size - self.offset
+        if not self.too_long:
+            self._lines.append(line.data.removesuffix(b"\r"))
+            self.too_long = line.too_long or self.size > self._limit
+
+    def record(self, shard: ShardSpec) -> Record:
+        data = b"\n".join(self._lines)
+        if self.too_long:
+            message = f"paragraph of {self.size} bytes exceeds max_record_bytes={self._limit}"
+            return _failed(shard, self.offset, RECORD_TOO_LARGE, message, _raw(data, True))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return _failed(shard, self.offset, INVALID_UTF8, str(error), _raw(data))
+        return Record(shard.path, self.offset, shard.input_index, value=text)
+
+
+def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    """Blocks of non-blank lines; a block belongs to the range where its first byte lies.
+
+    A line starts a paragraph when it follows a blank line or the start of the file. For a
+    range that starts mid-file that means looking at the whole line before the first full line,
+    which may begin before ``start``; otherwise two readers could disagree about a boundary.
+    """
+    with _open(shard.path) as stream:
+        lines, after_blank = _first_lines(shard, stream, cursor, limit)
+        paragraph: _Paragraph | None = None
+        for line in lines:
+            if line.blank:
+                if paragraph is not None:
+                    yield paragraph.record(shard), paragraph.size
+                    paragraph = None
+                after_blank = True
+                continue
+            if paragraph is not None:
+                paragraph.add(line)
+            elif after_blank:
+                if shard.end is not None and line.offset >= shard.end:
+                    return
+                paragraph = _Paragraph(line, limit)
+            after_blank = False
+        if paragraph is not None:
+            yield paragraph.record(shard), paragraph.size
+
+
+def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    with _open(shard.path) as stream:
+        data = stream.read(limit + 1)
+    if len(data) > limit:
+        message = f"file exceeds max_record_bytes={limit}"
+        yield _failed(shard, 0, RECORD_TOO_LARGE, message, _raw(data)), len(data)
+        return
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        yield _failed(shard, 0, INVALID_UTF8, str(error), _raw(data)), len(data)
+        return
+    if text:
+        yield Record(shard.path, 0, shard.input_index, value=text), len(data)
+
+
+_TEXT_READERS: dict[str, _Reader] = {
+    "file": _read_text_file,
+    "line": _read_text_lines,
+    "paragraph": _read_paragraphs,
+}
+
+
+def _read_text(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    return _TEXT_READERS[shard.text_unit](shard, cursor, limit)
+
+
+# ----------------------------------------------------------------- whole-file formats
+
+
+def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    """A top-level array (one record per element) or a single object, parsed whole.
+
+    The whole file is in memory while it is parsed: JSON arrays cannot be split safely. A file
+    that does not parse is one ``malformed_json`` record: a partial prefix would be misleading.
+    An empty or all-whitespace file holds no records.
+    """
+    with _open(shard.path) as stream:
+        data = stream.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        yield _failed(shard, 0, INVALID_UTF8, str(error), _raw(data)), len(data)
+        return
+    if not text.strip():
+        return
+    try:
+        value = json.loads(text)
+    except _JSON_ERRORS as error:
+        yield _failed(shard, 0, MALFORMED_JSON, _json_message(error), _raw(data)), len(data)
+        return
+    items = value if isinstance(value, list) else [value]
+    share = max(1, len(data) // max(1, len(items)))  # chunk_bytes needs a size per record
+    del data, text
+    for index, item in enumerate(items):
+        cursor.position = index
+        if _too_deep(item):
+            yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
+        elif isinstance(item, dict):
+            yield Record(shard.path, index, shard.input_index, value=item), share
+        else:
+            raw = _raw_text(json.dumps(item, ensure_ascii=False))
+            message = f"a JSON {type(item).__name__}, not an object"
+            yield _failed(shard, index, NOT_AN_OBJECT, message, raw), share
+
+
+class _CsvLines:
+    """Feeds ``csv.reader`` physical lines and remembers the text of the row being parsed.
+
+    Refuses (with ``_RowTooLarge``) a row longer than the limit, skipping the rest of its line
+    in bounded pieces; ``csv.reader`` resets its state on the next call, so reading goes on.
+    """
+
+    def __init__(self, text: io.TextIOBase, limit: int) -> None:
+        self._text = text
+        self._limit = limit
+        self._row: list[str] = []
+        self._size = 0
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._text.readline(self._limit + 1 - self._size)
+        if not line:
+            raise StopIteration
+        self._size += len(line)
+        if self._size > self._limit:
+            self._row = [("".join(self._row) + line)[:RAW_CAP_BYTES]]
+            while line and not line.endswith(("\n", "\r")):
+                line = self._text.readline(_BLOCK)
+                self._size += len(line)
+            raise _RowTooLarge(f"row of {self._size}+ characters exceeds max_record_bytes")
+        self._row.append(line)
+        return line
+
+    def take(self) -> tuple[str, int]:
+        """The text of the row just read and its full size; starts the next row."""
+        row, size = "".join(self._row), self._size
+        self._row, self._size = [], 0
+        return row, size
+
+
+class _RowTooLarge(Exception):
+    pass
+
+
+def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    """Header row, then one dict of strings per row; ``.tsv`` files are tab-separated.
+
+    Bytes that are not UTF-8 are carried through the csv module as surrogate escapes so that a
+    bad byte rejects its row (``invalid_utf8``) rather than the rest of the file.
+    """
+    # The csv module caps fields at 128 KiB process-wide; documents in CSV can be longer.
+    csv.field_size_limit(max(csv.field_size_limit(), limit))
+    tsv = _uncompressed_name(shard.path).endswith(".tsv")
+    with _open(shard.path) as stream:
+        text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        lines = _CsvLines(text, limit)
+        reader = csv.reader(lines, csv.excel_tab if tsv else csv.excel)
+        header: list[str] | None = None
+        index = 0
+        while True:
+            cursor.position = index
+            row: list[str] | None = None
+            error: tuple[str, str] | None = None
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                error = (MALFORMED_CSV, f"csv: {exc}")
+            except _RowTooLarge as exc:
+                error = (RECORD_TOO_LARGE, str(exc))
+            raw, size = lines.take()
+            raw = raw.rstrip("\r\n")
+            if row == []:
+                continue  # a blank line
+            if error is None and not _is_utf8(raw):
+                error = (INVALID_UTF8, "row contains bytes that are not UTF-8")
+            if header is None:
+                if error is not None:
+                    yield _failed(shard, 0, error[0], f"header: {error[1]}", _raw_text(raw)), size
+                    return
+                header = row
+                continue
+            if error is None and len(row) != len(header):
+                error = (MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
+            if error is None:
+                yield (
+                    Record(
+                        shard.path, index, shard.input_index, dict(zip(header, row, strict=True))
+                    ),
+                    size,
+                )
+            else:
+                data = raw.encode("utf-8", "surrogateescape")
+                raw = _raw(data, truncated=error[0] == RECORD_TOO_LARGE)
+                yield _failed(shard, index, error[0], error[1], raw), size
+            index += 1
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _read_parquet(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
+    """Rows of the planned row groups; positions count rows from the start of the file."""
+    with FileSystems.open(shard.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        parquet = pq.ParquetFile(f)
+        meta = parquet.metadata
+        end = meta.num_row_groups if shard.end is None else shard.end
+        cursor.position = sum(meta.row_group(i).num_rows for i in range(shard.start))
+        groups = list(range(shard.start, end))
+        if not groups:
+            return
+        for batch in parquet.iter_batches(row_groups=groups, use_threads=False):
+            share = max(1, batch.nbytes // max(1, batch.num_rows))
+            for row in batch.to_pylist():
+                yield Record(shard.path, cursor.position, shard.input_index, value=row), share
+                cursor.position += 1
+
+
+_READERS: dict[str, _Reader] = {
+    "jsonl": _read_jsonl,
+    "json": _read_json,
+    "csv": _read_csv,
+    "parquet": _read_parquet,
+    "text": _read_text,
+}

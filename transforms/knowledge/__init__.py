@@ -1,0 +1,1 @@
+"""The knowledge branch: normalise, filter, deduplicate, tokenize, cut blocks."""

@@ -1,0 +1,572 @@
+"""The knowledge-corpus branch: documents to fixed-length pretraining blocks.
+
+Each chunk of documents goes through small steps: ``Normalize`` (one canonical text per
+document), ``QualityFilter`` (Gopher/C4-style rules), ``DropDuplicates`` (exact and near copies
+across the whole dataset), ``Tokenize`` (one batched call, overlapped with the steps before) and
+``ConcatenateBlocks`` (documents joined in input order into blocks of exactly ``block_size``
+tokens within the chunk). Each chunk's leftover tokens are joined with other chunks' leftovers
+in a few ordered groups, so at most one partial block per group is dropped or padded. A dropped
+document is ``filtered`` with its reason code. Rows depend only on the input. Tokens travel as
+numpy int32 arrays.
+
+Deduplication needs the whole dataset, so it runs in two passes (``FindDuplicateDocuments``):
+the first reads the inputs again and shuffles only small keys per document (in batches per
+chunk); the main pass drops the copies it names, chunk by chunk, with that small
+``DuplicateIndex`` as a side input. The documents themselves are never shuffled, and no read is
+shared between the passes, so Beam never has to keep a pass's chunks while the index is built:
+the main read is fused with the steps after the side input and runs once the index is ready.
+The first pass also leaves each document's quality verdict and, for those it keys, their token
+ids (encoded on a background thread) in the staging directory by text hash
+(``transforms.knowledge.token_cache``): that pass keeps one core busy with Python, so the other
+does the
+tokenizing, and the main pass reads verdicts and ids instead of computing them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from transforms.classify import classify
+from transforms.core.chunks import Chunk
+from transforms.core.fast_encoder import fast_raw_encoder
+from transforms.core.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
+from transforms.core.records import (
+    InputSpec,
+    Origin,
+    Record,
+    RecordChunk,
+    Rejection,
+    ShardSpec,
+)
+from transforms.core.steps import (
+    PARTS,
+    TAILS,
+    BranchOutput,
+    ChunkStep,
+    GatherTails,
+    OverlappedStep,
+    Part,
+    Started,
+    StepChain,
+    TailGroup,
+    TailPlan,
+    apply_step,
+    output_kind,
+)
+from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id, private_backend
+from transforms.core.vocabulary import (
+    EMPTY_AFTER_NORMALIZATION,
+    FILTERED,
+    INSTRUCTION,
+    KNOWLEDGE,
+)
+from transforms.curation.decontam import Decontaminate
+from transforms.curation.mixing import MixSources
+from transforms.curation.options import BranchCuration
+from transforms.curation.splits import SplitOff, content_digest
+from transforms.io.read_inputs import ReadInputs
+from transforms.io.writers import BackgroundWriter
+from transforms.knowledge.dedup import (
+    DocumentKeys,
+    DuplicateIndex,
+    FindDuplicates,
+    MinHasher,
+    document_keys,
+    record_key,
+)
+from transforms.knowledge.normalize import NormalizeConfig, normalize_text
+from transforms.knowledge.options import KnowledgeConfig
+from transforms.knowledge.quality import (
+    QualityConfig,
+    TextStats,
+    describe,
+    first_failure,
+)
+from transforms.knowledge.token_cache import (
+    cache_path,
+    lookup,
+    read_tokens,
+    read_verdicts,
+    write_chunk,
+)
+
+PRETRAIN = "pretrain"
+LENGTH_RANGE = "length_range"
+TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
+UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept after all
+_UNKNOWN = object()  # no verdict from the first pass
+SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
+
+
+# --------------------------------------------------------------------------- document steps
+
+
+class DocumentStep(ChunkStep):
+    """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
+
+    def run(self, chunk: RecordChunk) -> Iterator[RecordChunk]:
+        kept = []
+        for record in chunk.records:
+            verdict = self.judge(record)
+            if isinstance(verdict, Record):
+                kept.append(verdict)
+            else:
+                reason, message = verdict
+                self.drop(Rejection.of(record, reason, message), kind=FILTERED)
+                self.count(f"knowledge.dropped.{reason}")
+        if kept:
+            yield RecordChunk(chunk.chunk_id, tuple(kept))
+
+    def judge(self, record: Record) -> Record | tuple[str, str]:
+        """The record to keep (possibly rewritten) or (reason code, message) to drop it."""
+        raise NotImplementedError
+
+
+class NormalizeDocuments(DocumentStep):
+    step_name = "normalize"
+
+    def __init__(self, config: NormalizeConfig):
+        self.config = config
+
+    def judge(self, record: Record) -> Record | tuple[str, str]:
+        text = normalize_text(record.value, self.config)
+        if not text:
+            return EMPTY_AFTER_NORMALIZATION, "no text left after normalisation"
+        return dataclasses.replace(record, value=text)
+
+
+class FilterQuality(DocumentStep):
+    """The quality rules; a verdict that deduplication's first pass left in ``token_cache``
+    is taken from there."""
+
+    step_name = "quality"
+
+    def __init__(self, config: QualityConfig, token_cache: str | None = None):
+        self.config = config
+        self.token_cache = token_cache
+        self.known: dict[bytes, str | None] = {}  # verdicts the first pass left for this chunk
+
+    def process(self, chunk: RecordChunk) -> Iterator[Any]:
+        self.known = (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
+                      if self.token_cache is not None else {})
+        yield from super().process(chunk)
+
+    def verdict(self, stats: TextStats) -> str | None:
+        """The first rule the document fails (a reason code), or None to keep it."""
+        reason = self.known.get(stats.digest, _UNKNOWN)
+        return first_failure(stats, self.config) if reason is _UNKNOWN else reason
+
+    def judge(self, record: Record) -> Record | tuple[str, str]:
+        reason = self.verdict(TextStats(record.value))
+        return record if reason is None else (reason, describe(reason, self.config))
+
+
+def document_steps(config: KnowledgeConfig, token_cache: str | None = None
+                   ) -> list[tuple[str, DocumentStep]]:
+    """The steps a knowledge document meets before deduplication, in order, with their labels.
+
+    The main pass applies them as steps; deduplication's first pass judges every document by the
+    same steps (``KeyDocuments``), so a step added here is taken by both.
+    """
+    steps: list[tuple[str, DocumentStep]] = []
+    if config.normalize is not None:
+        steps.append(("Normalize", NormalizeDocuments(config.normalize)))
+    if config.quality is not None:
+        steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
+    return steps
+
+
+class DropDuplicates(DocumentStep):
+    """Drops the copies that ``FindDuplicateDocuments`` named (its ``DuplicateIndex`` is the
+    side input)."""
+
+    step_name = "dedup"
+
+    def process(self, chunk: RecordChunk, duplicates: DuplicateIndex) -> Iterator[Any]:
+        self.duplicates = duplicates
+        yield from super().process(chunk)
+
+    def judge(self, record: Record) -> Record | tuple[str, str]:
+        return self.duplicates.verdict(record) or record
+
+
+# --------------------------------------------------------------------------- deduplication
+
+
+class KeyDocuments(BackgroundWriter):
+    """Pass one of deduplication: the small keys of each document the main pass would keep.
+
+    It judges each record as the main pass does, by ``classify`` and the same document steps
+    (``document_steps``), but counts nothing: the main pass does that. With a
+    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
+    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
+    (``transforms.knowledge.token_cache``).
+    """
+
+    def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
+                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
+        self.specs = {spec.index: spec for spec in specs}
+        self.config = config
+        self.file_numbers = {path: number for number, path in enumerate(files)}
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
+        self.steps = [step for _, step in document_steps(config)]
+
+    def setup(self) -> None:
+        super().setup()
+        dedup_config = self.config.dedup
+        self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
+
+    def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
+        judged = [(record, found) for record in chunk.records
+                  if (found := self.judge(record)) is not None]
+        kept = [(record, stats) for record, (stats, reason) in judged if reason is None]
+        if judged and self.token_cache is not None:
+            self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
+                       [stats.digest for _, (stats, _) in judged],
+                       [reason for _, (_, reason) in judged],
+                       [stats.text for _, stats in kept])
+        keys = tuple(document_keys(record_key(record, self.file_numbers), stats,
+                                   self.config.dedup, self.hasher) for record, stats in kept)
+        if keys:
+            yield keys  # one element per chunk: a shuffled element costs more than its keys
+
+    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
+        """The normalised document and its quality verdict (a reason code, or None to keep
+        it); None for a record that is not a knowledge document the main pass would judge."""
+        routed = classify(record, self.specs[record.input_index])
+        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
+            return None
+        record = routed[1]
+        for step in self.steps:
+            if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
+                stats = TextStats(record.value)
+                return stats, step.verdict(stats)
+            judged = step.judge(record)
+            if not isinstance(judged, Record):
+                return None
+            record = judged
+        return TextStats(record.value), None
+
+    def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
+               texts: list[str]) -> None:
+        encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
+        write_chunk(path, digests, reasons, encoded)
+
+
+def key_buckets(shards: int) -> int:
+    """How many buckets deduplication's keys are grouped in (``FindDuplicates``)."""
+    return max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondRead:
+    """What deduplication's first pass needs to read the inputs again, and the staging directory
+    where it leaves each document's quality verdict and token ids for the main pass."""
+
+    shards: tuple[ShardSpec, ...]
+    specs: tuple[InputSpec, ...]
+    chunk_records: int
+    max_record_bytes: int
+    staging_dir: str
+
+    @property
+    def token_cache(self) -> str:
+        return FileSystems.join(self.staging_dir, TOKEN_CACHE)
+
+
+class FindDuplicateDocuments(beam.PTransform):
+    """Pass one: reads the inputs again (those not declared ``branch=instruction``) and returns
+    one dict of the record keys to drop."""
+
+    def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
+                 chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
+                 tokenizer: str, token_cache: str | None = None):
+        super().__init__()
+        instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
+        self.shards = [shard for shard in shards if shard.input_index not in instruction_only]
+        self.specs = tuple(specs)
+        self.chunk_records = chunk_records
+        self.max_record_bytes = max_record_bytes
+        self.config = config
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        files = DuplicateIndex.numbering(shard.path for shard in self.shards)
+        return (
+            pbegin
+            | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
+            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
+                                                        self.tokenizer, self.token_cache))
+            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
+                                                 key_buckets(len(self.shards)))
+            | "Index" >> beam.Map(lambda drops: DuplicateIndex(files, drops)))
+
+
+# --------------------------------------------------------------------------- tokens and blocks
+
+
+class RawTextEncoder:
+    """Batch encoding of raw documents with the tokenizer's own special-token policy.
+
+    Literal control-token strings (``<|im_start|>`` in a web page) stay plain text, like
+    ``split_special_tokens=True``; the flag is set on a private copy of the backend, because the
+    shared tokenizer serves the instruction branch, which needs them parsed. The tokenizer adds
+    its BOS where its family uses one; an end-of-text it appends itself is removed, since
+    ``ConcatenateBlocks`` ends every document with exactly one.
+
+    For the offline default tokenizer, proven by ``fast_raw_encoder``, tiktoken encodes with the
+    same ids several times faster, and the private backend is only made if a text needs it.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast):
+        self.shared_backend = tokenizer.backend_tokenizer
+        self.fast = fast_raw_encoder(self.shared_backend, self._encode_with_backend)
+        self.end = None
+        if self.fast is None:
+            probe = self.backend.encode("a", add_special_tokens=True).ids
+            self.end = -1 if probe and probe[-1] == end_of_text_id(tokenizer) else None
+
+    @functools.cached_property
+    def backend(self) -> Tokenizer:
+        return private_backend(self.shared_backend, encode_special_tokens=True)
+
+    def _encode_with_backend(self, text: str) -> list[int]:
+        return self.backend.encode_batch_fast([text], add_special_tokens=True)[0].ids
+
+    def encode(self, texts: list[str], parallel: bool = True) -> tuple[np.ndarray, ...]:
+        """Ids per text; ``parallel=False`` keeps tiktoken on the calling thread (a caller
+        that runs beside busy Python on the main thread should take one core, not all)."""
+        if self.fast is not None:
+            return self.fast.encode_arrays(texts, parallel)
+        encodings = self.backend.encode_batch_fast(texts, add_special_tokens=True)
+        return tuple(np.asarray(encoding.ids[:self.end], dtype=np.int32)
+                     for encoding in encodings)
+
+
+@functools.cache
+def raw_text_encoder(tokenizer: str) -> RawTextEncoder:
+    """One encoder per process and tokenizer, like ``load_tokenizer``."""
+    return RawTextEncoder(load_tokenizer(tokenizer))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedChunk(Chunk):
+    chunk_id: str
+    token_arrays: tuple[np.ndarray, ...]
+    origins: tuple[Origin, ...] = ()  # per document, for mixing's accounting
+
+    def record_tokens(self) -> np.ndarray:
+        """Tokens each document puts into blocks: its own plus one end-of-text."""
+        return np.fromiter((len(a) + 1 for a in self.token_arrays), np.int64,
+                           len(self.token_arrays))
+
+    def record_digests(self, salt: str) -> np.ndarray:
+        return np.array([content_digest(a.tobytes(), salt) for a in self.token_arrays],
+                        dtype=np.uint64)
+
+    def take(self, indices: Sequence[int]) -> TokenizedChunk:
+        return TokenizedChunk(self.chunk_id, tuple(self.token_arrays[i] for i in indices),
+                              tuple(self.origins[i] for i in indices))
+
+    def counts(self) -> dict[str, int]:
+        return {"knowledge.documents": len(self.token_arrays),
+                "knowledge.tokens": sum(len(a) for a in self.token_arrays)}
+
+
+class TokenizeDocuments(OverlappedStep):
+    """Tokenizes a chunk's documents in one batch; reports their lengths. The batch is encoded
+    in the background while the steps before prepare the next chunk (``OverlappedStep``), and
+    only for documents whose ids deduplication's first pass did not leave in ``token_cache``.
+    """
+
+    step_name = "tokenize"
+
+    def __init__(self, tokenizer: str, token_cache: str | None = None):
+        self.tokenizer_spec = tokenizer
+        self.token_cache = token_cache
+
+    def setup(self) -> None:
+        self.background = ThreadPoolExecutor(1)
+
+    def teardown(self) -> None:
+        self.background.shutdown()
+
+    def start(self, chunk: RecordChunk) -> Future:
+        return self.background.submit(self.tokens, chunk)
+
+    def tokens(self, chunk: RecordChunk) -> tuple[np.ndarray, ...]:
+        texts = document_texts(chunk)
+        cached = (read_tokens(cache_path(self.token_cache, chunk.chunk_id))
+                  if self.token_cache is not None else {})
+        found = lookup(cached, texts)
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:  # the encoder is made on first use: a run may never need one
+            encoded = raw_text_encoder(self.tokenizer_spec).encode([texts[i] for i in missing])
+            for i, ids in zip(missing, encoded, strict=True):
+                found[i] = ids
+        return tuple(found)
+
+    def run(self, started: Started) -> Iterator[Any]:
+        chunk = started.chunk
+        arrays = started.handle.result()
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        self.count("knowledge.documents", len(arrays))
+        self.count("knowledge.tokens", int(lengths.sum()))
+        for bound, count in zip(*np.unique(length_buckets(lengths), return_counts=True),
+                                strict=True):
+            self.count(f"knowledge.document_tokens.le_{bound}", int(count))
+        self.distribution("knowledge.document_tokens", lengths)
+        yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
+        yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
+
+
+def length_buckets(lengths: np.ndarray) -> np.ndarray:
+    """The power of two at or above each length: the manifest's length histogram.
+
+    >>> length_buckets(np.array([1, 2, 3, 64, 65])).tolist()
+    [1, 2, 4, 64, 128]
+    """
+    _, exponents = np.frexp(np.maximum(lengths - 1, 0))
+    return np.left_shift(1, exponents)
+
+
+def length_range(ranges: Iterable[tuple[int, int] | tuple[()]]) -> tuple[int, int] | tuple[()]:
+    """(shortest, longest) over per-chunk ranges; () for none. Combines partial results too."""
+    found = [r for r in ranges if r]
+    if not found:
+        return ()
+    return min(r[0] for r in found), max(r[1] for r in found)
+
+
+def _length_range_stats(found: tuple[int, int] | tuple[()]) -> dict[str, int]:
+    if not found:
+        return {}
+    return {"knowledge.document_tokens_min": found[0], "knowledge.document_tokens_max": found[1]}
+
+
+class ConcatenateBlocks(ChunkStep):
+    """Joins a chunk's documents with end-of-text and cuts full ``block_size`` rows.
+
+    The tokens after the last full block go on as the chunk's tail, to be joined with other
+    chunks' tails, so at most one partial block per tail group meets the remainder policy.
+    """
+
+    step_name = "blocks"
+
+    def __init__(self, tokenizer: str, block_size: int):
+        self.tokenizer_spec = tokenizer
+        self.block_size = block_size
+
+    def setup(self) -> None:
+        self.separator_id = end_of_text_id(load_tokenizer(self.tokenizer_spec))
+
+    def run(self, chunk: TokenizedChunk) -> Iterator[Any]:
+        blocks = concat_blocks(chunk.token_arrays, self.block_size, self.separator_id,
+                               remainder="carry")
+        self.count("knowledge.separator_tokens", len(chunk.token_arrays))
+        yield from _emit(self, chunk.chunk_id, blocks)
+        if len(blocks.tail.tokens):
+            yield beam.pvalue.TaggedOutput(TAILS, (chunk.chunk_id, blocks.tail))
+
+
+class ConcatenateTails(ChunkStep):
+    """Cuts the joined tails of several chunks into blocks; applies the remainder policy."""
+
+    step_name = "tail-blocks"
+
+    def __init__(self, tokenizer: str, block_size: int, remainder: str):
+        self.tokenizer_spec = tokenizer
+        self.block_size = block_size
+        self.remainder = remainder
+
+    def setup(self) -> None:
+        self.pad_id = pad_token_id(load_tokenizer(self.tokenizer_spec))
+
+    def run(self, group: TailGroup) -> Iterator[Any]:
+        blocks = cut_blocks(join_streams(group.items), self.block_size, self.remainder,
+                            self.pad_id)
+        self.count("knowledge.remainder_tokens", blocks.remainder_tokens)
+        self.count("knowledge.pad_tokens", blocks.pad_tokens)
+        yield from _emit(self, group.chunk_id, blocks)
+
+
+def _emit(step: ChunkStep, chunk_id: str, blocks: Blocks) -> Iterator[Any]:
+    step.count("knowledge.blocks", len(blocks.input_ids))
+    step.count("knowledge.tokens_out", blocks.tokens_out)
+    if len(blocks.input_ids):
+        yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(PRETRAIN, chunk_id), chunk_id,
+                                                   step.step_name, blocks_to_table(blocks)))
+
+
+def document_texts(chunk: RecordChunk) -> list[str]:
+    return [record.value for record in chunk.records]
+
+
+class KnowledgeBranch(beam.PTransform):
+    """Knowledge chunks in; each step's parts (pretraining blocks, dropped records) and stats
+    out. The parts stay apart so that each is staged where it is made (see build_graph).
+
+    With deduplication on, the branch reads the inputs a second time (``second_read``) for
+    ``FindDuplicateDocuments``, next to the main read, and the main pass takes its verdicts and
+    token ids from the token cache it leaves in staging.
+    """
+
+    def __init__(self, tokenizer: str, config: KnowledgeConfig, tails: TailPlan,
+                 second_read: SecondRead, curation: BranchCuration | None = None):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.tails = tails
+        self.second_read = second_read
+        self.token_cache = None if config.dedup.mode == "none" else second_read.token_cache
+        self.curation = curation or BranchCuration()
+
+    def _duplicates(self, pipeline: beam.Pipeline) -> beam.PCollection | None:
+        """Deduplication's first pass, or None when it is off."""
+        if self.token_cache is None:
+            return None
+        read = self.second_read
+        return pipeline | "FindDuplicateDocuments" >> FindDuplicateDocuments(
+            read.shards, read.specs, read.chunk_records, read.max_record_bytes, self.config,
+            self.tokenizer, self.token_cache)
+
+    def expand(self, chunks: beam.PCollection) -> BranchOutput:
+        config, curation = self.config, self.curation
+        duplicates = self._duplicates(chunks.pipeline)
+        steps = StepChain(chunks)
+        for label, step in document_steps(config, self.token_cache):
+            steps.then(label, step)
+        if duplicates is not None:
+            steps.then("DropDuplicates", DropDuplicates(),
+                       side_inputs=[beam.pvalue.AsSingleton(duplicates)])
+        if curation.decontam is not None:
+            steps.then("Decontaminate",
+                       Decontaminate(curation.decontam, KNOWLEDGE, document_texts))
+        tokenized = steps.then("Tokenize", TokenizeDocuments(self.tokenizer, self.token_cache),
+                               LENGTH_RANGE)
+        if curation.validation:
+            steps.add(steps.main | "SplitValidation" >> SplitOff(curation.validation,
+                                                                  curation.seed))
+        if curation.mix is not None:
+            steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        blocks = steps.then("ConcatenateBlocks",
+                            ConcatenateBlocks(self.tokenizer, config.block_size), TAILS)
+        steps.add(apply_step(blocks[TAILS] | "GatherTails" >> GatherTails(self.tails),
+                             "ConcatenateTails",
+                             ConcatenateTails(self.tokenizer, config.block_size, config.remainder)))
+        length_stats = (tokenized[LENGTH_RANGE]
+                        | "DocumentLengthRange" >> beam.CombineGlobally(length_range)
+                        | "LengthRangeStats" >> beam.Map(_length_range_stats))
+        return steps.output("KnowledgeStats", length_stats)
