@@ -34,6 +34,7 @@ def qwen_tokenizer():
 def pretrain_documents() -> list[str]:
     """Every shared pretraining text file whole (CRLF kept: the books have it), the lines of the
     one-article-per-line file, and every JSONL record's text."""
+    require_shared_data()
     texts = []
     for path in sorted((SHARED_DATA / "pretrain").iterdir()):
         raw = path.read_bytes().decode("utf-8")
@@ -61,6 +62,7 @@ def _strings(value, out):
 def other_shared_texts() -> list[str]:
     """Every string of the other shared datasets: Chinese poems, Korean chats and NLI, code,
     math, instructions, tool calls, preference pairs."""
+    require_shared_data()
     texts = []
     for path in sorted(SHARED_DATA.glob("*/*")):
         if path.parent.name == "pretrain":

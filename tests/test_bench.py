@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench import checks, corpus, proc, report
+from tests.conftest import require_shared_data
 
 
 def test_clean_is_a_fixed_point_and_removes_what_normalisers_remove():
@@ -21,6 +22,7 @@ def test_clean_is_a_fixed_point_and_removes_what_normalisers_remove():
 
 
 def test_copies_keep_every_sentence_but_no_document():
+    require_shared_data()  # the bench's corpus is the shared pretraining text
     documents = corpus.base_documents()
     copy = corpus.reshuffled(documents, seed=1)
     assert len(copy) == len(documents)
@@ -33,6 +35,7 @@ def test_copies_keep_every_sentence_but_no_document():
 
 
 def test_knowledge_inputs_are_written_once_with_their_record_counts(tmp_path):
+    require_shared_data()
     knowledge = corpus.knowledge(tmp_path, 0.01)
     assert sum(pq.read_metadata(f).num_rows for f in knowledge.files) == knowledge.records > 0
     assert corpus.knowledge(tmp_path, 0.01) == knowledge  # cached
