@@ -16,7 +16,7 @@ from tests.conftest import SHARED_DATA, require_shared_data
 from tests.io.test_manifest import CONFIG
 from transforms.core.steps import STATS, is_validation
 from transforms.curation.decontam import DecontamConfig, EvalIndex, ngrams
-from transforms.curation.mixing import BUCKETS, MixConfig, plan_mix
+from transforms.curation.mixing import BUCKETS, MixConfig, MixSources, plan_mix
 from transforms.curation.options import fraction_or_count, mix_config
 from transforms.curation.splits import HASH_SPACE, SplitOff, SplitValidation, split_salt
 from transforms.io.manifest import build_manifest, summary_lines
@@ -196,3 +196,28 @@ def test_split_off_holds_out_exactly_the_count_with_the_smallest_digests():
         everything = split.main | "All" >> beam.Map(lambda chunk: len(chunk.origins))
         assert_that(everything | "Total" >> beam.CombineGlobally(sum), equal_to([3 * 305]),
                     label="nothing lost")
+
+
+def test_mix_sources_scales_the_larger_source_down_to_its_share():
+    """The composite: token histograms per source, a plan (a side input), then each chunk."""
+    arrays = tuple(np.array([i % 97, i // 97, 5], dtype=np.int32) for i in range(250))
+    origins = tuple(("f", i, 0 if i < 200 else 1) for i in range(250))  # 200 big, 50 small
+    chunks = [TokenizedChunk("c0", arrays[:125], origins[:125]),
+              TokenizedChunk("c1", arrays[125:], origins[125:])]
+    with test_pipeline.TestPipeline() as p:
+        mixed = p | beam.Create(chunks) | MixSources(config("down"), "knowledge.unselected")
+        kept = mixed.main | beam.FlatMap(lambda chunk: [origin[2] for origin in chunk.origins])
+        per_source = kept | beam.combiners.Count.PerElement()
+        # The small source is kept whole; the big one keeps about as many tokens (bucket by
+        # bucket), far fewer than its 200 documents.
+        assert_that(per_source | beam.Filter(lambda kv: kv[0] == 1), equal_to([(1, 50)]),
+                    label="small kept whole")
+        big = per_source | "Big" >> beam.Filter(lambda kv: kv[0] == 0) | "N" >> beam.Values()
+        assert_that(big | beam.Map(lambda n: 25 <= n <= 100), equal_to([True]), label="big")
+        counted = (mixed[STATS] | beam.FlatMap(dict.items) | beam.CombinePerKey(sum)
+                   | "Unselected" >> beam.Filter(lambda kv: kv[0] == "knowledge.unselected")
+                   | "Count" >> beam.Values())
+        total = (big | "AsList" >> beam.combiners.ToList()
+                 | beam.Map(lambda n, dropped: n[0] + dropped,
+                            dropped=beam.pvalue.AsSingleton(counted)))
+        assert_that(total, equal_to([200]), label="every big document kept or counted")
