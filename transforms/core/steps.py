@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -177,17 +178,21 @@ def _in_global_window(output: Any) -> Any:
     return GlobalWindows.windowed_value(output)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepOutput:
+class StepOutput(NamedTuple):
     """What a chunk step gives the graph: the chunks that go on (``main``), the parts to stage
-    (output rows and dropped records), its counters, and any extra tagged outputs."""
+    (output rows and dropped records), its counters, and any extra tagged outputs.
+
+    A named tuple, so that Beam records these as the outputs of a composite that returns it
+    (and the rendered graph draws its edges)."""
 
     main: beam.PCollection
     parts: beam.PCollection
     stats: beam.PCollection
-    tagged: Mapping[str, beam.PCollection] = dataclasses.field(default_factory=dict)
+    tagged: Mapping[str, beam.PCollection] = MappingProxyType({})
 
-    def __getitem__(self, tag: str) -> beam.PCollection:
+    def __getitem__(self, tag: str | int | slice) -> Any:  # an int index as for any tuple
+        if isinstance(tag, int | slice):
+            return tuple.__getitem__(self, tag)
         return {PARTS: self.parts, STATS: self.stats, **self.tagged}[tag]
 
 
