@@ -29,6 +29,7 @@ from transforms.core.vocabulary import (
 )
 from transforms.curation.decontam import eval_index
 from transforms.instruction.branch import InstructionBranch
+from transforms.instruction.chat_template import check_system_prompt
 from transforms.io.manifest import (
     MANIFEST_NAME,
     RejectRateError,
@@ -212,8 +213,9 @@ def prepare(argv: Sequence[str]) -> Plan:
     options = PipelineOptions(argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
-    facts = {"tokenizer": tokenizer_identity(
-        load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template))}
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
+    check_system_prompt(tokenizer, cfg.instruction.system_prompt)
+    facts = {"tokenizer": tokenizer_identity(tokenizer)}
     phases = plan_phases(cfg)
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()

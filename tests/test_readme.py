@@ -7,9 +7,9 @@ A change that alters a row on purpose rewrites it:
     .venv/bin/python -m tests.test_readme out/demo > tests/data/demo_outputs.json
 """
 
+import ast
 import contextlib
 import hashlib
-import importlib.util
 import io
 import json
 import re
@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline.pipeline import main
@@ -81,11 +82,19 @@ def test_the_demo_writes_the_reference_outputs_byte_for_byte(demo):
     assert output_digests(output) == json.loads(REFERENCE.read_text())
 
 
-def test_the_readme_reason_table_is_generated_from_the_vocabulary():
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_reason_table.py")
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    assert generator.reason_table() in (ROOT / "README.md").read_text()
+def test_the_readme_reading_example_runs_on_the_demo(demo, capsys):
+    """The README's Python example, on the demo's outputs: it prints the first row's segment
+    lengths and trained text, which holds no role header and no system prompt."""
+    output, _ = demo
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert '"out/demo/sft"' in code
+    exec(compile(code.replace('"out/demo/', f'"{output}/'), "README.md", "exec"), {})
+    first, *trained = capsys.readouterr().out.split("\n")
+    row = pq.ParquetFile(sorted((output / "sft").glob("*.parquet"))[0]).read_row_group(0)
+    assert ast.literal_eval(first) == row["seq_lengths"][0].as_py()
+    text = "\n".join(trained)
+    assert text.strip() and "<|im_start|>" not in text and "You are a helpful" not in text
 
 
 def test_every_reason_the_demo_counts_is_in_the_vocabulary(demo):

@@ -57,7 +57,7 @@ def test_conversations_become_packed_segments_and_the_unanswered_one_is_rejected
         Record(source="s", position=k, input_index=0, value=value,
                format="messages" if "messages" in value else "prompt_response")
         for k, value in enumerate(VALUES)))
-    config = InstructionConfig(seq_len=SEQ_LEN, chat_template=None, system_prompt=None,
+    config = InstructionConfig(seq_len=SEQ_LEN, chat_template=None, system_prompt="template",
                                assistant_turns="all", train_end_of_turn=True,
                                max_segments_per_pack=0)
     branch = InstructionBranch(DEFAULT_TOKENIZER, config, TailPlan(1, str(tmp_path / "tails")))

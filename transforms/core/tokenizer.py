@@ -64,7 +64,8 @@ def builtin_template(name: str) -> str:
 # Qwen2-Instruct's ChatML, with Qwen2.5's tool support: tool definitions go into the system turn,
 # assistant tool calls become <tool_call> blocks, and consecutive tool results share one user turn.
 # Like Qwen2-Instruct it adds "You are a helpful assistant." when there is no system message, so
-# training data is rendered exactly as the model will see it at inference. Tool-call arguments may
+# training data is rendered exactly as the model will see it at inference (unless the caller
+# passes default_system_message='', as --system_prompt none does). Tool-call arguments may
 # be a JSON string (OpenAI format) or an object (Qwen3 does the same). The default tokenizer's
 # template; it is the built-in ``chatml`` (templates/chatml.jinja).
 CHATML_TEMPLATE = builtin_template("chatml")

@@ -52,6 +52,13 @@ turns are kept, so every trained reply still sees the whole context it answered,
 conversation is encoded like any other (under ``last_turn_only`` its last assistant turn is
 trained). When not even the first assistant turn fits, it is dropped as ``too_long``.
 
+System prompt (``system_prompt``). ``"template"`` renders a conversation without a system
+message as the template does, with whatever default it writes (as ``apply_chat_template``
+does); ``"none"`` adds nothing and passes ``default_system_message=""`` to the template, which
+the built-in templates read as "write no default system turn" (``template_default_system``
+finds a template that writes one regardless); any other text is added as the system message.
+A conversation's own system message is always kept.
+
 Rendering calls the tokenizer's compiled template directly, skipping ``apply_chat_template``'s
 per-call copying of the messages: canonical conversations hold only JSON values.
 
@@ -136,6 +143,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 OVERFLOW_POLICIES = ("truncate", "drop")
+# ``system_prompt`` values that are not a text (module docstring).
+SYSTEM_TEMPLATE, SYSTEM_NONE = "template", "none"
+# The template variable through which ``SYSTEM_NONE`` asks a template to leave its default out.
+DEFAULT_SYSTEM_VARIABLE = "default_system_message"
 
 # Limits of one template render (module docstring). A normal render takes ~0.1 ms, and one
 # prefix of a 2,000-turn conversation a few ms: the limits only stop runaway templates.
@@ -234,7 +245,7 @@ def start_encoding(
     tok: PreTrainedTokenizerBase,
     conversations: Sequence[Conversation],
     options: MaskOptions,
-    system_prompt: str | None = None,
+    system_prompt: str = SYSTEM_TEMPLATE,
     max_tokens: int | None = None,
     overflow: str = "drop",
 ) -> Callable[[], list[EncodedExample | RenderError]]:
@@ -245,7 +256,7 @@ def start_encoding(
     tokenizer allows), so between the two the caller's thread is free for other work, such as
     rendering the next batch, while the encoder's threads run outside the GIL.
 
-    ``system_prompt`` is prepended as a system message to conversations that have none.
+    ``system_prompt`` is ``"template"``, ``"none"`` or a text (module docstring).
     Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
     One bad record cannot fail the batch: rendering is per conversation and each failure is a
     ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
@@ -274,14 +285,42 @@ def start_encoding(
     return finish
 
 
+def template_default_system(tok: PreTrainedTokenizerBase,
+                            system_prompt: str = SYSTEM_TEMPLATE) -> str | None:
+    """The system text the tokenizer's chat template writes, under ``system_prompt``, into a
+    conversation that has no system message; None where it writes none, or where the template
+    cannot render a plain exchange (its records then fail with their own reason)."""
+    try:
+        encoder = _Encoder(tok, MaskOptions(), system_prompt)
+    except Exception:
+        return None
+    return encoder.default_system()
+
+
+def check_system_prompt(tok: PreTrainedTokenizerBase, system_prompt: str) -> None:
+    """ValueError, before any work, where ``--system_prompt none`` cannot be honoured: the
+    template writes its own system text whatever it is passed."""
+    if system_prompt != SYSTEM_NONE:
+        return
+    default = template_default_system(tok, SYSTEM_NONE)
+    if default is not None:
+        raise ValueError(
+            f"--system_prompt none: the chat template writes its own system prompt {default!r} "
+            f"into conversations that have none and has no way to leave it out (the built-in "
+            f"templates read {DEFAULT_SYSTEM_VARIABLE}=''); use --system_prompt template to keep "
+            "it, give a text, or pass a --chat_template without a default")
+
+
 class _Encoder:
     """What encoding needs from one tokenizer and template, looked up once per batch."""
 
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
-                 system_prompt: str | None) -> None:
+                 system_prompt: str = SYSTEM_TEMPLATE) -> None:
         self.tools = _backend_tools(tok.backend_tokenizer)
         self.options = options
-        self.system_prompt = system_prompt
+        # The system message added to conversations without one, if any.
+        self.system_prompt = (None if system_prompt in (SYSTEM_TEMPLATE, SYSTEM_NONE)
+                              else system_prompt)
         sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
                    for has_tools in (False, True)}
         compiled = {k: _compile(t) for k, t in sources.items()}
@@ -291,6 +330,8 @@ class _Encoder:
         self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
         self.stage = ""  # what is being rendered, for error messages
         self.template_kwargs = dict(tok.special_tokens_map)
+        if system_prompt == SYSTEM_NONE:
+            self.template_kwargs[DEFAULT_SYSTEM_VARIABLE] = ""
         controls = _control_tokens(tok, tuple(sources.values()))
         self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
         self.control_re = _alternation(controls)
@@ -362,6 +403,23 @@ class _Encoder:
             return RenderError(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
                                "assistant turn fits")
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
+
+    def default_system(self) -> str | None:
+        """The system text the template writes into a conversation that has no system message
+        (None: it writes none), found by rendering a short exchange with a probe system message
+        and without one: a template that fills in a default renders the same text around it."""
+        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        probed = [{"role": "system", "content": _PROBE}, *exchange]
+        with self.watchdog.watching():
+            try:
+                bare, full = (self._render_text(m, None) for m in (exchange, probed))
+            except (Exception, _RenderTimeout):  # a template that cannot say: records will
+                return None
+        before, found, after = full.partition(_PROBE)
+        if (not found or len(bare) < len(before) + len(after) or not bare.startswith(before)
+                or not bare.endswith(after)):
+            return None
+        return bare[len(before):len(bare) - len(after)] or None
 
     def _added_in_front(self, conversation: Conversation) -> int:
         """How many messages ``_messages`` puts before the conversation's own."""

@@ -10,7 +10,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.core.option_types import boolean, non_negative_int, positive_int
 from transforms.core.vocabulary import INSTRUCTION_FORMATS
-from transforms.instruction.chat_template import OVERFLOW_POLICIES, MaskOptions
+from transforms.instruction.chat_template import (
+    OVERFLOW_POLICIES,
+    SYSTEM_NONE,
+    SYSTEM_TEMPLATE,
+    MaskOptions,
+)
 from transforms.instruction.schema import ConversationLimits, RecordSchema, load_schemas
 
 GROUP = "instruction branch"
@@ -30,8 +35,14 @@ class InstructionOptions(PipelineOptions):
             help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
             "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3).")
         group.add_argument(
-            "--system_prompt", default=None,
-            help="System message added to conversations that have none.")
+            "--system_prompt", type=system_prompt, default=SYSTEM_TEMPLATE,
+            help="The system message of conversations that have none (their own is always "
+            f"kept): '{SYSTEM_TEMPLATE}' (default) renders them as the chat template does, "
+            "with the default it writes, if any, as apply_chat_template does (the default "
+            "tokenizer's ChatML template, like Qwen2-Instruct's, writes 'You are a helpful "
+            f"assistant.'; the other built-in templates write none); '{SYSTEM_NONE}' adds no "
+            "system turn, leaving out the template's default too (a template that cannot leave "
+            "it out stops the run); any other text is added as their system message.")
         group.add_argument(
             "--assistant_turns", choices=("all", "last"), default="all",
             help="Which assistant turns carry loss: all of them (default) or only the last.")
@@ -71,6 +82,15 @@ class InstructionOptions(PipelineOptions):
             "(default false: no padding).")
 
 
+def system_prompt(text: str) -> str:
+    """``--system_prompt``: a mode or a non-empty text."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected {SYSTEM_TEMPLATE!r}, {SYSTEM_NONE!r} or the text of a system message, got "
+            f"{text!r} (for no system turn, give {SYSTEM_NONE!r})")
+    return text
+
+
 def parse_schema_options(values: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
     """``FORMAT=PATH`` values (repeated or comma-separated) as sorted ``(format, path)`` pairs."""
     pairs: dict[str, str] = {}
@@ -90,7 +110,7 @@ def parse_schema_options(values: Sequence[str] | None) -> tuple[tuple[str, str],
 class InstructionConfig:
     seq_len: int
     chat_template: str | None
-    system_prompt: str | None
+    system_prompt: str  # SYSTEM_TEMPLATE, SYSTEM_NONE or a text
     assistant_turns: str
     train_end_of_turn: bool
     max_segments_per_pack: int
