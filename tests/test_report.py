@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -90,6 +91,20 @@ def test_pack_figures_match_the_parquet_read_row_by_row(prepared):
     assert sum(stats.fill) == stats.packs
     assert sum(k * v for k, v in stats.segments_per_pack.items()) == stats.examples
     assert stats.pad_segments == 0
+
+
+def test_a_pad_segment_counts_as_padding_not_as_an_example():
+    """Two packs of seq_len 10: [3 tokens, 2 trained | 2, 1 trained | 5 pad] and [10, 9]."""
+    batch = pa.RecordBatch.from_pydict({
+        "labels": [[-100, 7, 8, -100, 9] + [-100] * 5, [-100, *range(9)]],
+        "seq_lengths": [[3, 2, 5], [10]]})
+    stats = report.PackStats(seq_len=10)
+    stats.add(batch)
+    assert (stats.packs, stats.examples, stats.pad_segments, stats.tokens) == (2, 3, 1, 15)
+    assert stats.fill.tolist() == np.histogram([0.5, 1.0], report.SHARE_BINS)[0].tolist()
+    assert stats.trained_share.tolist() == np.histogram(
+        [2 / 3, 1 / 2, 9 / 10], report.SHARE_BINS)[0].tolist()
+    assert stats.segments_per_pack == {2: 1, 1: 1}
 
 
 def test_report_tables_show_the_manifest(prepared):
