@@ -52,8 +52,11 @@ def _yaml_header(manifest: Mapping) -> str:
         lines.append("license:")
         lines += [f"- {q(name)}" for name in names]
     lines += ["task_categories:", f"- {q('text-generation')}",
-              "tags:", f"- {q('beam-llm-dataprep')}", "configs:"]
-    for config, splits in card_configs(manifest).items():
+              "tags:", f"- {q('beam-llm-dataprep')}"]
+    configs = card_configs(manifest)
+    if configs:  # a run that wrote no rows has nothing to load
+        lines.append("configs:")
+    for config, splits in configs.items():
         lines += [f"- config_name: {q(config)}", "  data_files:"]
         for split, pattern in splits.items():
             lines += [f"  - split: {q(split)}", f"    path: {q(pattern)}"]

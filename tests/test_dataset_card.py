@@ -7,7 +7,7 @@ import pytest
 import yaml
 from datasets import load_dataset
 
-from beam_pipeline.card import CARD_NAME
+from beam_pipeline.card import CARD_NAME, build_card
 from tests.support.report_run import curated_run
 from transforms.io.readers import parse_input_spec
 
@@ -81,6 +81,15 @@ def test_card_states_facts_and_licences_per_input(prepared):
         assert (f"| `{entry['pattern']}` | {entry['name'] or ''} | {licence} | "
                 f"{entry['read']:,} |") in card
     assert 'load_dataset("path/to/this/folder", "sft", split="validation")' in card
+
+
+def test_configs_follow_what_a_run_wrote(prepared):
+    outputs = prepared.manifest["outputs"]
+    only_sft = {**prepared.manifest, "outputs": {"sft": outputs["sft"]}}
+    assert front_matter(build_card(only_sft))["configs"] == [
+        {"config_name": "sft", "data_files": [{"split": "train", "path": "sft/*.parquet"}]}]
+    nothing = {**prepared.manifest, "outputs": {"rejected": outputs["rejected"]}}
+    assert "configs" not in front_matter(build_card(nothing))
 
 
 def test_license_is_declared_per_input_and_checked():
