@@ -49,7 +49,6 @@ SECTIONS = (
 )
 SHARE_BINS = np.linspace(0.0, 1.0, 21)  # trained share and pack fill, in 5% steps
 LENGTH_BINS = 32  # SFT example lengths: equal bins from 0 to seq_len
-BATCH_ROWS = 1024
 COLORS = {"kept": "#4c9a2a", "filtered": "#e0a030", "rejected": "#c0392b",
           "target": "#999999", "share": "#2e6fb0"}
 
@@ -111,9 +110,14 @@ class PackStats:
 
 
 def _batches(paths: Sequence[str], columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """One row group at a time: ``iter_batches`` reads ahead, and its memory grew with the
+    file (bench/bench_data_report.py), while row groups are as small as the outputs make them
+    (``--row_group_rows``)."""
     for path in paths:
         with FileSystems.open(path) as handle:
-            yield from pq.ParquetFile(handle).iter_batches(BATCH_ROWS, columns=columns)
+            parquet = pq.ParquetFile(handle, pre_buffer=False)
+            for index in range(parquet.metadata.num_row_groups):
+                yield from parquet.read_row_group(index, columns=columns).to_batches()
 
 
 def scan_packs(paths: Sequence[str], seq_len: int) -> PackStats:
