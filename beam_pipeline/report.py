@@ -175,7 +175,7 @@ def _figure(plt: Any, draw, width: float = 7.5, height: float = 3.0, columns: in
 def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str, color: str,
           xlabel: str = "") -> None:
     ax.bar(range(len(values)), values, color=color)
-    crowded = max(map(len, labels), default=0) * len(labels) > 60
+    crowded = sum(len(label) + 1 for label in labels) > 36  # would overlap in a half width
     ax.set_xticks(range(len(values)), labels, rotation=45 if crowded else 0,
                   ha="right" if crowded else "center")
     ax.set_title(title)
