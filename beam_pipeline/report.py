@@ -2,8 +2,8 @@
 
 Data engineers judge a training set by looking at it: what was dropped and why, how long the
 records are, how much of each example is trained, how full the packs are, whether the mix hit
-its targets. The page is built from ``manifest.json`` and the Parquet outputs alone (read a
-batch at a time into fixed histograms, so memory does not grow with the data), with plots
+its targets. The page is built from ``manifest.json`` and the Parquet outputs alone (read a row
+group at a time into fixed histograms, so memory does not grow with the data), with plots
 embedded as SVG images: it opens with no network and runs no script.
 
     python -m beam_pipeline.report OUTPUT     # rebuilds OUTPUT/report.html and OUTPUT/README.md
@@ -68,6 +68,7 @@ class PackStats:
     packs: int = 0
     examples: int = 0
     tokens: int = 0  # example tokens, pad segments excluded
+    trained: int = 0  # tokens that carry loss
     pad_segments: int = 0
     example_lengths: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(LENGTH_BINS, np.int64))
@@ -100,6 +101,7 @@ class PackStats:
         self.packs += len(per_row)
         self.examples += int(real.sum())
         self.tokens += int(segments[real].sum())
+        self.trained += int(trained.sum())
         self.pad_segments += int((~real).sum())
         self.example_lengths += np.histogram(segments[real], self.length_edges)[0]
         self.trained_share += np.histogram(trained_per_segment[real] / segments[real],
@@ -213,7 +215,7 @@ def _none(why: str) -> str:
     return f'<p class="none">{html.escape(why)}</p>'
 
 
-def _overview(manifest: Mapping) -> str:
+def _overview(manifest: Mapping, sft: PackStats) -> str:
     records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
     rows = [
         ("records read", records["read"]),
@@ -224,7 +226,8 @@ def _overview(manifest: Mapping) -> str:
         ("every record accounted for", records["balanced"]),
         ("pretraining blocks", f"{know['blocks']:,} of {know['block_size']} tokens"),
         ("SFT packs", f"{inst['packs']:,} of at most {inst['seq_len']} tokens"),
-        ("SFT trained tokens", f"{inst['trained_tokens']:,} of {inst['tokens']:,}"),
+        ("SFT examples written", f"{sft.examples:,}: {sft.tokens:,} tokens, "
+                                 f"{sft.trained:,} trained"),
         ("created", manifest.get("created_at", "")),
     ]
     return _table(None, rows)
@@ -323,11 +326,10 @@ def _trained_share(plt: Any, manifest: Mapping, sft: PackStats) -> str:
     def draw(ax):
         _bars(ax, _share_labels(), sft.trained_share, "examples by share of their tokens "
               "that carry loss", COLORS["share"], "% of the example's tokens trained (up to)")
-    inst = manifest["instruction"]
-    share = inst["trained_tokens"] / inst["tokens"] if inst["tokens"] else None
-    methods = ", ".join(f"{k} {v:,}" for k, v in inst["mask_methods"].items() if v)
+    methods = ", ".join(f"{k} {v:,}" for k, v in manifest["instruction"]["mask_methods"].items()
+                        if v)
     return _figure(plt, draw) + _table(None, [
-        ("trained tokens of all SFT tokens", share),
+        ("trained tokens of all SFT tokens written", sft.trained / sft.tokens),
         ("loss-mask methods used", methods or "none")])
 
 
@@ -447,7 +449,7 @@ def build_report(output_dir: str) -> str:
     held_sft = scan_packs(_paths(output_dir, manifest, "validation/sft"), seq_len)
     pieces = scan_blocks(_paths(output_dir, manifest, "pretrain"))
     bodies = {
-        "overview": _overview(manifest),
+        "overview": _overview(manifest, sft),
         "records": _records(plt, manifest),
         "lengths": _lengths(plt, manifest, sft),
         "trained-share": _trained_share(plt, manifest, sft),

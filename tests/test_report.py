@@ -84,6 +84,7 @@ def test_pack_figures_match_the_parquet_read_row_by_row(prepared):
     assert stats.packs == manifest["instruction"]["packs"]
     assert stats.examples == len(segments) == manifest["instruction"]["examples"]
     assert stats.tokens == sum(n for n, _ in segments) == manifest["instruction"]["packed_tokens"]
+    assert stats.trained == sum(t for _, t in segments)
     expected_share = np.histogram([t / n for n, t in segments], report.SHARE_BINS)[0]
     assert stats.trained_share.tolist() == expected_share.tolist()
     assert stats.example_lengths.tolist() == np.histogram(
@@ -101,6 +102,7 @@ def test_a_pad_segment_counts_as_padding_not_as_an_example():
     stats = report.PackStats(seq_len=10)
     stats.add(batch)
     assert (stats.packs, stats.examples, stats.pad_segments, stats.tokens) == (2, 3, 1, 15)
+    assert stats.trained == 2 + 1 + 9
     assert stats.fill.tolist() == np.histogram([0.5, 1.0], report.SHARE_BINS)[0].tolist()
     assert stats.trained_share.tolist() == np.histogram(
         [2 / 3, 1 / 2, 9 / 10], report.SHARE_BINS)[0].tolist()
