@@ -45,8 +45,8 @@ what the detector should not guess: branch=knowledge|instruction,
 format=jsonl|json|parquet|text|csv, text_unit=file|line|paragraph (how a text
 file splits into documents; default file), name=SOURCE, weight=W (the source's
 relative share of its branch's tokens), phase=NAME (curriculum phase: written to
-OUTPUT/NAME/), and field mappings CANONICAL=FIELD (e.g.
-'gsm8k.jsonl#branch=instruction;prompt=question;response=answer')."""
+OUTPUT/NAME/), license=ID (e.g. cc-by-4.0, for the dataset card), and field
+mappings CANONICAL=FIELD (e.g. 'gsm8k.jsonl#branch=instruction;prompt=question;response=answer')."""
 
 
 class PrepOptions(PipelineOptions):

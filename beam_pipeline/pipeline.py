@@ -17,6 +17,7 @@ from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals
 from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config_from_options
+from beam_pipeline.report import publish
 from transforms.classify import ClassifyRecords
 from transforms.core.records import ShardSpec
 from transforms.core.steps import PARTS, STATS, TailPlan
@@ -261,9 +262,11 @@ def execute(plan: Plan) -> PrepConfig:
                 print(f"phase {phase.name} ({phase.config.output}):")
             for line in summary_lines(read_manifest(phase.config.output)):
                 print(line)
+            print(publish(phase.config.output))  # the dataset card, and a line naming the report
     else:
-        LOG.info("submitted to %s; the job writes %s/manifest.json when it completes",
-                 plan.runner, cfg.output)
+        LOG.info("submitted to %s; the job writes %s/manifest.json when it completes (then "
+                 "python -m beam_pipeline.report %s writes the report and dataset card)",
+                 plan.runner, cfg.output, cfg.output)
     return cfg
 
 

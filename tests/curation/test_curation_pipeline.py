@@ -149,7 +149,7 @@ def test_phases_land_in_their_own_directories(tmp_path, qwen_tokenizer):
         run(again)
     run([*again, "--overwrite=true"])
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[-2:-1] != ("sft",)
-                and p.name != "manifest.json"]
+                and p.name not in ("manifest.json", "report.html", "README.md")]
     assert not [p for p in (tmp_path / "basic").rglob("*") if p.is_file()]
     assert not [p for p in (tmp_path / "reasoning").rglob("*") if p.is_file()]
 

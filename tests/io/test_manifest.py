@@ -56,13 +56,18 @@ def test_manifest_shows_a_lost_record():
 def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
     stats = {"records_read": 10, "input.0.read": 6, "input.1.read": 4,
              "input.1.rejected.unclassifiable": 3, "input.1.rejected.malformed_json": 1,
-             "input.0.filtered.too_long": 1}
+             "input.0.filtered.too_long": 1,
+             "source.0.instruction.records": 5, "source.0.instruction.tokens": 700,
+             "source.0.instruction.le_128": 3, "source.0.instruction.le_256": 2}
     manifest = build_manifest(stats, [], CONFIG, {})
     assert manifest["inputs"] == [
         {"pattern": "a.jsonl", "name": None, "read": 6, "rejected": {},
-         "filtered": {"too_long": 1}},
+         "filtered": {"too_long": 1},
+         "tokenized": {"instruction": {"records": 5, "tokens": 700,
+                                       "histogram": {"<=128": 3, "<=256": 2}}}},
         {"pattern": "b/*.json", "name": None, "read": 4,
-         "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {}},
+         "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {},
+         "tokenized": {}},
     ]
     check_reject_fraction(manifest, 1.0)
     with pytest.raises(RejectRateError, match=r"4 of 4 records of --input b/\*\.json .*"

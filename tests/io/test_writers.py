@@ -86,6 +86,8 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
     (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "report.html").write_text("<!DOCTYPE html>")  # the data report and card
+    (tmp_path / "README.md").write_text("---\n---\n")
     (tmp_path / "unrelated.txt").write_text("keep me")
     with pytest.raises(ValueError, match="--overwrite"):
         prepare_output_dir(str(tmp_path), overwrite=False)

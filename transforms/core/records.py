@@ -36,9 +36,9 @@ class InputSpec:
 
     Declarations follow the pattern after a ``#`` as ``key=value`` pairs separated by ``;``:
     ``data/gsm8k.jsonl#branch=instruction;prompt=question;response=answer``. ``branch``,
-    ``format``, ``text_unit``, ``name``, ``weight`` and ``phase`` are settings; every other key
-    maps a canonical field (``text``, ``prompt``, ``response``, ``system``, ``messages``, ...) to
-    a field of the input.
+    ``format``, ``text_unit``, ``name``, ``weight``, ``phase`` and ``license`` are settings;
+    every other key maps a canonical field (``text``, ``prompt``, ``response``, ``system``,
+    ``messages``, ...) to a field of the input.
     """
 
     index: int
@@ -50,6 +50,7 @@ class InputSpec:
     fields: tuple[tuple[str, str], ...] = ()
     weight: float | None = None  # relative share of the branch's tokens (see mixing)
     phase: str | None = None  # curriculum phase: its own output directory and manifest
+    license: str | None = None  # declared licence identifier, for the dataset card
 
     @property
     def field_map(self) -> dict[str, str]:

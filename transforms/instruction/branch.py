@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms.core.chunks import Chunk
+from transforms.core.lengths import source_length_counts
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing, pad_packs
 from transforms.core.records import (
     Origin,
@@ -200,6 +201,10 @@ class EncodeConversations(OverlappedStep):
         self.count("instruction.tokens", sum(len(e.input_ids) for e in kept))
         self.count("instruction.trained_tokens", sum(int(np.count_nonzero(e.labels != IGNORE_INDEX))
                                                      for e in kept))
+        lengths = np.fromiter((len(e.input_ids) for e in kept), np.int64, len(kept))
+        for name, count in source_length_counts(
+                INSTRUCTION, lengths, (origin[2] for origin in origins)).items():
+            self.count(name, count)
         if kept:
             yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))
 

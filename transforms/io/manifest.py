@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.core.lengths import SOURCE_PREFIX
 from transforms.core.packing import packing_efficiency
 from transforms.core.vocabulary import (
     FILTERED,
@@ -226,9 +227,24 @@ def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
             "read": stats.get(f"input.{spec['index']}.read", 0),
             REJECTED: _by_prefix(stats, f"input.{spec['index']}.rejected."),
             FILTERED: _by_prefix(stats, f"input.{spec['index']}.filtered."),
+            "tokenized": _tokenized(_by_prefix(stats, f"{SOURCE_PREFIX}{spec['index']}.")),
         }
         for spec in inputs
     ]
+
+
+def _tokenized(counts: Mapping[str, int]) -> dict[str, dict]:
+    """Per branch, the input's records as tokenized (before the validation split and mixing):
+    how many, their tokens and the length histogram by power-of-two bound."""
+    result = {}
+    for branch in ("knowledge", "instruction"):
+        mine = _by_prefix(counts, f"{branch}.")
+        if mine:
+            result[branch] = {
+                "records": mine.get("records", 0), "tokens": mine.get("tokens", 0),
+                "histogram": {f"<={bound}": n for bound, n in sorted(
+                    (int(bound), n) for bound, n in _by_prefix(mine, "le_").items())}}
+    return result
 
 
 def check_rows_written(manifest: Mapping) -> None:

@@ -25,6 +25,7 @@ import itertools
 import json
 import lzma
 import posixpath
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
@@ -63,7 +64,9 @@ DEFAULT_CHUNK_RECORDS = 1000
 DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 
-_SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase")
+_SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase", "license")
+# A licence identifier as the Hugging Face dataset card takes it (``apache-2.0``, ``cc-by-4.0``).
+_LICENSE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")
 _FORMAT_BY_EXTENSION = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -97,10 +100,10 @@ def split_input_values(values: Iterable[str]) -> list[str]:
 def parse_input_spec(index: int, value: str) -> InputSpec:
     """Parse ``PATTERN[#key=value;key=value...]`` into an ``InputSpec``.
 
-    ``branch``, ``format``, ``text_unit``, ``name``, ``weight`` and ``phase`` are settings; any
-    other key maps a canonical field to a source field (``prompt=question``). Everything after
-    the first ``#`` is declarations, so a path pattern cannot contain ``#``. Errors name the
-    offending value so a typo fails the job before any work starts.
+    ``branch``, ``format``, ``text_unit``, ``name``, ``weight``, ``phase`` and ``license`` are
+    settings; any other key maps a canonical field to a source field (``prompt=question``).
+    Everything after the first ``#`` is declarations, so a path pattern cannot contain ``#``.
+    Errors name the offending value so a typo fails the job before any work starts.
     """
     pattern, _, declarations = value.partition("#")
     pattern = pattern.strip()
@@ -152,7 +155,17 @@ def parse_input_spec(index: int, value: str) -> InputSpec:
         fields=tuple(sorted(fields.items())),
         weight=weight,
         phase=settings.get("phase"),
+        license=_license(value, settings),
     )
+
+
+def _license(value: str, settings: dict[str, str]) -> str | None:
+    """The declared licence, for the dataset card; an identifier, so the card's YAML stays valid."""
+    found = settings.get("license")
+    if found is not None and not _LICENSE.fullmatch(found):
+        raise ValueError(f"--input {value!r}: license={found!r} must be a licence identifier "
+                         "such as apache-2.0, cc-by-4.0 or mit (letters, digits, '.', '+', '-')")
+    return found
 
 
 # --------------------------------------------------------------------------- compression

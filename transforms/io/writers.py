@@ -302,7 +302,8 @@ def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
     An earlier run with curriculum phases counts with its phases' directories, so that a run
     with other phases (or none) leaves no stale phase beside its own outputs.
     """
-    names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME)
+    names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME,
+             "report.html", "README.md")  # the data report and the dataset card
     owned = {path: _stored_paths(path) for directory in
              (output_dir, *_earlier_phase_dirs(output_dir))
              for path in (FileSystems.join(directory, name) for name in names)}

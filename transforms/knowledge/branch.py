@@ -39,6 +39,7 @@ from transformers import PreTrainedTokenizerFast
 from transforms.classify import classify
 from transforms.core.chunks import Chunk
 from transforms.core.fast_encoder import fast_raw_encoder
+from transforms.core.lengths import length_buckets, source_length_counts
 from transforms.core.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
 from transforms.core.records import (
     InputSpec,
@@ -428,18 +429,11 @@ class TokenizeDocuments(OverlappedStep):
                                 strict=True):
             self.count(f"knowledge.document_tokens.le_{bound}", int(count))
         self.distribution("knowledge.document_tokens", lengths)
+        for name, count in source_length_counts(
+                KNOWLEDGE, lengths, (r.input_index for r in chunk.records)).items():
+            self.count(name, count)
         yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
-
-
-def length_buckets(lengths: np.ndarray) -> np.ndarray:
-    """The power of two at or above each length: the manifest's length histogram.
-
-    >>> length_buckets(np.array([1, 2, 3, 64, 65])).tolist()
-    [1, 2, 4, 64, 128]
-    """
-    _, exponents = np.frexp(np.maximum(lengths - 1, 0))
-    return np.left_shift(1, exponents)
 
 
 def length_range(ranges: Iterable[tuple[int, int] | tuple[()]]) -> tuple[int, int] | tuple[()]:

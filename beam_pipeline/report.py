@@ -1,0 +1,510 @@
+"""OUTPUT/report.html: one self-contained page that shows a run's data as distributions.
+
+Data engineers judge a training set by looking at it: what was dropped and why, how long the
+records are, how much of each example is trained, how full the packs are, whether the mix hit
+its targets. The page is built from ``manifest.json`` and the Parquet outputs alone (read a row
+group at a time into fixed histograms, so memory does not grow with the data), with plots
+embedded as SVG images: it opens with no network and runs no script.
+
+    python -m beam_pipeline.report OUTPUT     # rebuilds OUTPUT/report.html and OUTPUT/README.md
+
+matplotlib is an optional extra (``pip install 'beam-llm-dataprep[report]'``), so Dataflow
+workers never need it; without it a run still finishes and says how to get the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import dataclasses
+import html
+import io
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipeline.card import write_card
+from transforms.core.vocabulary import IGNORE_INDEX
+from transforms.io.manifest import read_manifest
+
+REPORT_NAME = "report.html"
+INSTALL_HINT = "pip install 'beam-llm-dataprep[report]'"  # or: pip install matplotlib
+# (id, title): every section is always present; one without data says why.
+SECTIONS = (
+    ("overview", "Overview"),
+    ("records", "Records in, kept, filtered and rejected"),
+    ("lengths", "Token lengths"),
+    ("trained-share", "Trained-token share per SFT example"),
+    ("packing", "Pack fill and segments per pack"),
+    ("mixing", "Mixing shares against targets"),
+    ("validation", "Validation and decontamination"),
+    ("tokenizer", "Tokenizer"),
+)
+SHARE_BINS = np.linspace(0.0, 1.0, 21)  # trained share and pack fill, in 5% steps
+LENGTH_BINS = 32  # SFT example lengths: equal bins from 0 to seq_len
+COLORS = {"kept": "#4c9a2a", "filtered": "#e0a030", "rejected": "#c0392b",
+          "target": "#999999", "share": "#2e6fb0"}
+
+
+class ReportUnavailable(RuntimeError):
+    """The plotting library is not installed."""
+
+
+# --------------------------------------------------------------------------- reading outputs
+
+
+@dataclasses.dataclass
+class PackStats:
+    """Fixed-size histograms of one packed-sequence output (``sft/`` or ``validation/sft``)."""
+
+    seq_len: int
+    packs: int = 0
+    examples: int = 0
+    tokens: int = 0  # example tokens, pad segments excluded
+    trained: int = 0  # tokens that carry loss
+    pad_segments: int = 0
+    example_lengths: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(LENGTH_BINS, np.int64))
+    trained_share: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(len(SHARE_BINS) - 1, np.int64))
+    fill: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(len(SHARE_BINS) - 1, np.int64))
+    segments_per_pack: collections.Counter = dataclasses.field(
+        default_factory=collections.Counter)
+
+    @property
+    def length_edges(self) -> np.ndarray:
+        return np.linspace(0, self.seq_len, LENGTH_BINS + 1)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """One batch of packed rows: a segment is one example, unless it carries no trained
+        token at all, which only a pad segment does (such examples are dropped upstream)."""
+        seq = batch.column("seq_lengths")
+        segments = seq.flatten().to_numpy().astype(np.int64)
+        per_row = pc.list_value_length(seq).to_numpy(zero_copy_only=False).astype(np.int64)
+        trained = (batch.column("labels").flatten().to_numpy() != IGNORE_INDEX).astype(np.int64)
+        if not len(segments):
+            return
+        starts = np.concatenate(([0], np.cumsum(segments)[:-1]))
+        trained_per_segment = np.add.reduceat(trained, starts)
+        real = trained_per_segment > 0
+        row_of_segment = np.repeat(np.arange(len(per_row)), per_row)
+        real_tokens = np.bincount(row_of_segment, weights=segments * real,
+                                  minlength=len(per_row))
+        self.packs += len(per_row)
+        self.examples += int(real.sum())
+        self.tokens += int(segments[real].sum())
+        self.trained += int(trained.sum())
+        self.pad_segments += int((~real).sum())
+        self.example_lengths += np.histogram(segments[real], self.length_edges)[0]
+        self.trained_share += np.histogram(trained_per_segment[real] / segments[real],
+                                           SHARE_BINS)[0]
+        self.fill += np.histogram(real_tokens / self.seq_len, SHARE_BINS)[0]
+        self.segments_per_pack.update(
+            np.bincount(row_of_segment[real], minlength=len(per_row)).tolist())
+
+
+def _batches(paths: Sequence[str], columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """One row group at a time: ``iter_batches`` reads ahead, and its memory grew with the
+    file (bench/bench_data_report.py), while row groups are as small as the outputs make them
+    (``--row_group_rows``)."""
+    for path in paths:
+        with FileSystems.open(path) as handle:
+            parquet = pq.ParquetFile(handle, pre_buffer=False)
+            for index in range(parquet.metadata.num_row_groups):
+                yield from parquet.read_row_group(index, columns=columns).to_batches()
+
+
+def scan_packs(paths: Sequence[str], seq_len: int) -> PackStats:
+    stats = PackStats(seq_len)
+    for batch in _batches(paths, ["labels", "seq_lengths"]):
+        stats.add(batch)
+    return stats
+
+
+def scan_blocks(paths: Sequence[str]) -> collections.Counter:
+    """Document pieces per pretraining block: 1 means one document filled the whole block."""
+    pieces: collections.Counter = collections.Counter()
+    for batch in _batches(paths, ["seq_lengths"]):
+        lengths = pc.list_value_length(batch.column("seq_lengths"))
+        pieces.update(lengths.to_numpy(zero_copy_only=False).tolist())
+    return pieces
+
+
+def _paths(output_dir: str, manifest: Mapping, kind: str) -> list[str]:
+    """The files the manifest lists, found under ``output_dir`` wherever the run wrote them,
+    so a copied or downloaded output folder reports on itself."""
+    return [FileSystems.join(output_dir, kind, FileSystems.split(entry["path"])[1])
+            for entry in manifest["outputs"].get(kind, [])]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ReportUnavailable(f"the report needs matplotlib: {INSTALL_HINT}") from error
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.hashsalt": "beam-llm-dataprep", "svg.fonttype": "none",
+                                "font.size": 9, "axes.spines.top": False,
+                                "axes.spines.right": False})
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _figure(plt: Any, draw, width: float = 7.5, height: float = 3.0, columns: int = 1) -> str:
+    """Draws with ``draw(axes...)`` and returns an <img> holding the SVG (no shared ids)."""
+    fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
+    draw(*axes[0])
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img class="plot" alt="" src="data:image/svg+xml;base64,{data}">'
+
+
+def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str, color: str,
+          xlabel: str = "") -> None:
+    ax.bar(range(len(values)), values, color=color)
+    crowded = sum(len(label) + 1 for label in labels) > 36  # would overlap in a half width
+    ax.set_xticks(range(len(values)), labels, rotation=45 if crowded else 0,
+                  ha="right" if crowded else "center")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+
+
+def _share_labels() -> list[str]:
+    """Each bin by its upper bound in percent, every other one named so the labels fit."""
+    return [f"{round(hi * 100)}" if i % 2 else "" for i, hi in enumerate(SHARE_BINS[1:])]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[Any]]) -> str:
+    """A table; without ``header``, a two-column list of names and values."""
+    head = ("" if header is None else "<thead><tr>" + "".join(
+        f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr></thead>")
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+                   for row in rows)
+    return f"<table>{head}<tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return html.escape(str(value))
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.2%}" if value <= 1 else f"{value:,.1f}"
+    return html.escape(str(value))
+
+
+def _none(why: str) -> str:
+    return f'<p class="none">{html.escape(why)}</p>'
+
+
+def _overview(manifest: Mapping, sft: PackStats) -> str:
+    records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
+    rows = [
+        ("records read", records["read"]),
+        ("kept in the knowledge branch (validation included)", records["knowledge"]),
+        ("kept in the instruction branch (validation included)", records["instruction"]),
+        ("filtered by policy", sum(records["filtered"].values())),
+        ("rejected as bad input", sum(records["rejected"].values())),
+        ("every record accounted for", records["balanced"]),
+        ("pretraining blocks", f"{know['blocks']:,} of {know['block_size']} tokens"),
+        ("SFT packs", f"{inst['packs']:,} of at most {inst['seq_len']} tokens"),
+        ("SFT examples written", f"{sft.examples:,}: {sft.tokens:,} tokens, "
+                                 f"{sft.trained:,} trained"),
+        ("created", manifest.get("created_at", "")),
+    ]
+    return _table(None, rows)
+
+
+def _records(plt: Any, manifest: Mapping) -> str:
+    records = manifest["records"]
+    reasons = ([(k, v, "rejected") for k, v in records["rejected"].items()]
+               + [(k, v, "filtered") for k, v in records["filtered"].items()])
+    reasons.sort(key=lambda r: -r[1])
+    parts = []
+    if reasons:
+        def by_reason(ax):
+            ax.barh([r[0] for r in reasons][::-1], [r[1] for r in reasons][::-1],
+                    color=[COLORS[r[2]] for r in reasons][::-1])
+            ax.set_title("records dropped, by reason (red: rejected, amber: filtered)")
+            ax.set_xlabel("records")
+        parts.append(_figure(plt, by_reason, height=0.6 + 0.25 * len(reasons)))
+    inputs = manifest["inputs"]
+    names = [entry.get("name") or FileSystems.split(entry["pattern"])[1] for entry in inputs]
+    rejected = [sum(e["rejected"].values()) for e in inputs]
+    filtered = [sum(e["filtered"].values()) for e in inputs]
+    kept = [e["read"] - r - f for e, r, f in zip(inputs, rejected, filtered, strict=True)]
+
+    def by_input(ax):
+        left = np.zeros(len(inputs))
+        for label, values in (("kept", kept), ("filtered", filtered), ("rejected", rejected)):
+            ax.barh(names[::-1], values[::-1], left=left[::-1], color=COLORS[label], label=label)
+            left += values
+        ax.set_title("records by input")
+        ax.set_xlabel("records")
+        ax.legend(loc="lower right")
+    parts.append(_figure(plt, by_input, height=0.9 + 0.3 * len(inputs)))
+    rows = [(e["pattern"], e.get("name") or "", e["read"], k, f, r,
+             ", ".join(f"{reason} {n:,}" for reason, n in {**e["rejected"], **e["filtered"]}
+                       .items()))
+            for e, k, f, r in zip(inputs, kept, filtered, rejected, strict=True)]
+    parts.append(_table(("input", "name", "read", "kept", "filtered", "rejected", "reasons"),
+                        rows))
+    return "".join(parts)
+
+
+def _histogram_labels(histogram: Mapping[str, int]) -> tuple[list[str], list[int]]:
+    return [key.removeprefix("<=") for key in histogram], list(histogram.values())
+
+
+def _lengths(plt: Any, manifest: Mapping, sft: PackStats) -> str:
+    parts = []
+    know = manifest["knowledge"]["document_tokens"]
+    if know["histogram"] or sft.examples:
+        def per_branch(ax_know, ax_sft):
+            if know["histogram"]:
+                labels, values = _histogram_labels(know["histogram"])
+                _bars(ax_know, labels, values, "knowledge documents (tokens, up to)",
+                      COLORS["share"], "tokens")
+            else:
+                ax_know.set_title("knowledge: no documents")
+            edges = sft.length_edges
+            ax_sft.bar(edges[:-1], sft.example_lengths, width=np.diff(edges), align="edge",
+                       color=COLORS["kept"])
+            ax_sft.set_title(f"SFT examples as packed ({sft.examples:,})")
+            ax_sft.set_xlabel("tokens")
+        parts.append(_figure(plt, per_branch, columns=2))
+    sources = [(e.get("name") or FileSystems.split(e["pattern"])[1], branch, found)
+               for e in manifest["inputs"]
+               for branch, found in e.get("tokenized", {}).items()]
+    if sources:
+        def per_source(ax):
+            bounds = sorted({int(k.removeprefix("<=")) for _, _, f in sources
+                             for k in f["histogram"]})
+            for name, branch, found in sources:
+                counts = [found["histogram"].get(f"<={b}", 0) for b in bounds]
+                total = sum(counts) or 1
+                ax.plot(range(len(bounds)), [c / total for c in counts], marker="o",
+                        linestyle="-" if branch == "knowledge" else "--",
+                        label=f"{name} ({branch})")
+            ax.set_xticks(range(len(bounds)), [str(b) for b in bounds])
+            ax.set_xlabel("tokens, up to")
+            ax.set_ylabel("share of the source's records")
+            ax.set_title("length distribution per source (solid: knowledge, dashed: instruction)")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        parts.append(_figure(plt, per_source, height=3.4))
+        parts.append(_table(("source", "branch", "records tokenized", "tokens", "mean"), [
+            (name, branch, f["records"], f["tokens"],
+             round(f["tokens"] / f["records"], 1) if f["records"] else None)
+            for name, branch, f in sources]))
+    rows = [("knowledge documents", know["min"], know["mean"], know["max"])]
+    parts.append(_table(("", "min", "mean", "max"), rows))
+    return "".join(parts) or _none("no tokens were produced")
+
+
+def _trained_share(plt: Any, manifest: Mapping, sft: PackStats) -> str:
+    if not sft.examples:
+        return _none("no SFT examples were written")
+
+    def draw(ax):
+        _bars(ax, _share_labels(), sft.trained_share, "examples by share of their tokens "
+              "that carry loss", COLORS["share"], "% of the example's tokens trained (up to)")
+    methods = ", ".join(f"{k} {v:,}" for k, v in manifest["instruction"]["mask_methods"].items()
+                        if v)
+    return _figure(plt, draw) + _table(None, [
+        ("trained tokens of all SFT tokens written", sft.trained / sft.tokens),
+        ("loss-mask methods used", methods or "none")])
+
+
+def _packing(plt: Any, manifest: Mapping, sft: PackStats, pieces: collections.Counter) -> str:
+    parts = []
+    if sft.packs:
+        counts = sorted(sft.segments_per_pack.items())
+
+        def draw(ax_fill, ax_segments):
+            _bars(ax_fill, _share_labels(), sft.fill, "packs by fill", COLORS["kept"],
+                  "% of seq_len holding example tokens (up to)")
+            _bars(ax_segments, [str(k) for k, _ in counts], [v for _, v in counts],
+                  "packs by examples per pack", COLORS["share"], "examples")
+        parts.append(_figure(plt, draw, columns=2))
+    else:
+        parts.append(_none("no SFT packs were written"))
+    if pieces:
+        ordered = sorted(pieces.items())
+
+        def draw_blocks(ax):
+            _bars(ax, [str(k) for k, _ in ordered], [v for _, v in ordered],
+                  "pretraining blocks by document pieces per block", COLORS["share"], "pieces")
+        parts.append(_figure(plt, draw_blocks, height=2.6))
+    inst, know = manifest["instruction"], manifest["knowledge"]
+    parts.append(_table(None, [
+        ("SFT packing efficiency", inst["packing_efficiency"]),
+        ("SFT packs (lower bound)", f"{inst['packs']:,} ({inst['packs_lower_bound']:,})"),
+        ("SFT pad tokens", inst["pad_tokens"]),
+        ("SFT examples truncated (tokens cut)",
+         f"{inst['truncated']:,} ({inst['truncated_tokens']:,})"),
+        ("pretraining remainder tokens dropped", know["remainder_tokens"]),
+        ("pretraining pad tokens", know["pad_tokens"])]))
+    return "".join(parts)
+
+
+def _mixing(plt: Any, manifest: Mapping) -> str:
+    mixing = manifest.get("mixing")
+    if not mixing:
+        return _none("no input declared a weight, so the sources were not mixed")
+    branches = [b for b in ("knowledge", "instruction") if b in mixing]
+
+    def draw(*axes):
+        for ax, branch in zip(axes, branches, strict=True):
+            names = list(mixing[branch])
+            x = np.arange(len(names))
+            ax.bar(x - 0.2, [mixing[branch][n]["target_share"] or 0 for n in names], 0.4,
+                   color=COLORS["target"], label="target")
+            ax.bar(x + 0.2, [mixing[branch][n]["share"] for n in names], 0.4,
+                   color=COLORS["share"], label="reached")
+            ax.set_xticks(x, names)
+            ax.set_title(f"{branch}: share of tokens")
+            ax.legend()
+    rows = [(branch, name, s["target_share"], s["share"], s["records_in"], s["records_out"],
+             s["tokens_in"], s["tokens_out"])
+            for branch in branches for name, s in mixing[branch].items()]
+    return (_figure(plt, draw, columns=len(branches))
+            + f"<p>scale {html.escape(str(mixing['scale']))}, seed "
+              f"{html.escape(str(mixing['seed']))}</p>"
+            + _table(("branch", "source", "target", "reached", "records in", "records out",
+                      "tokens in", "tokens out"), rows))
+
+
+def _validation(manifest: Mapping, held_sft: PackStats) -> str:
+    parts = []
+    held = manifest.get("validation")
+    if held:
+        parts.append(_table(("split", "records", "tokens", "rows written"), [
+            ("validation/pretrain", held["knowledge"]["documents"],
+             held["knowledge"]["tokens"], held["knowledge"]["blocks"]),
+            ("validation/sft", held["instruction"]["examples"],
+             held["instruction"]["tokens"], held["instruction"]["packs"])]))
+        if held_sft.packs:
+            parts.append(f"<p>validation/sft read back: {held_sft.examples:,} examples in "
+                         f"{held_sft.packs:,} packs</p>")
+    else:
+        parts.append(_none("no validation split was held out"))
+    decontam = manifest.get("decontamination")
+    if decontam:
+        rows = [(pattern, counts.get("indexed", 0), counts.get("too_short", 0),
+                 decontam["removed"]["knowledge"].get(pattern, 0),
+                 decontam["removed"]["instruction"].get(pattern, 0))
+                for pattern, counts in decontam["eval_texts"].items()]
+        parts.append(f"<p>decontamination: {decontam['ngram']}-word n-grams, threshold "
+                     f"{decontam['threshold']}</p>")
+        parts.append(_table(("evaluation set", "texts indexed", "too short to check",
+                             "knowledge removed", "instruction removed"), rows))
+    else:
+        parts.append(_none("no evaluation set was given, so nothing was decontaminated"))
+    return "".join(parts)
+
+
+def _tokenizer(manifest: Mapping) -> str:
+    config = manifest["config"]
+    rows = [(k, v) for k, v in manifest["tokenizer"].items()]
+    rows.append(("--tokenizer", config.get("tokenizer")))
+    rows += [(f"package {k}", v) for k, v in manifest.get("versions", {}).items()]
+    return _table(None, rows)
+
+
+STYLE = """
+body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:60em;
+color:#222;font-size:14px}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:2em}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;
+text-align:left;vertical-align:top}td{font-variant-numeric:tabular-nums}
+img.plot{max-width:100%;display:block;margin:.5em 0}.none{color:#777;font-style:italic}
+nav a{margin-right:1em}
+"""
+
+
+def build_report(output_dir: str) -> str:
+    """The report's HTML, from OUTPUT/manifest.json and the files it lists."""
+    plt = _pyplot()
+    manifest = read_manifest(output_dir)
+    seq_len = manifest["instruction"]["seq_len"]
+    sft = scan_packs(_paths(output_dir, manifest, "sft"), seq_len)
+    held_sft = scan_packs(_paths(output_dir, manifest, "validation/sft"), seq_len)
+    pieces = scan_blocks(_paths(output_dir, manifest, "pretrain"))
+    bodies = {
+        "overview": _overview(manifest, sft),
+        "records": _records(plt, manifest),
+        "lengths": _lengths(plt, manifest, sft),
+        "trained-share": _trained_share(plt, manifest, sft),
+        "packing": _packing(plt, manifest, sft, pieces),
+        "mixing": _mixing(plt, manifest),
+        "validation": _validation(manifest, held_sft),
+        "tokenizer": _tokenizer(manifest),
+    }
+    nav = "".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title in SECTIONS)
+    sections = "".join(f'<section id="{key}"><h2>{html.escape(title)}</h2>{bodies[key]}'
+                       "</section>" for key, title in SECTIONS)
+    title = f"Data report: {output_dir}"
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><nav>{nav}</nav>{sections}</body></html>\n")
+
+
+def write_report(output_dir: str) -> str:
+    path = FileSystems.join(output_dir, REPORT_NAME)
+    page = build_report(output_dir)
+    with FileSystems.create(path) as handle:
+        handle.write(page.encode("utf-8"))
+    return path
+
+
+def publish(output_dir: str) -> str:
+    """Writes the dataset card and the report; returns the line that names the report (or
+    says how to get it when matplotlib is missing). Called at the end of a local run."""
+    write_card(output_dir)
+    try:
+        return f"report: {write_report(output_dir)}"
+    except ReportUnavailable:
+        return (f"report: not written, matplotlib is missing; {INSTALL_HINT}, then "
+                f"python -m beam_pipeline.report {output_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_pipeline.report",
+        description="Rebuild OUTPUT/report.html and the dataset card OUTPUT/README.md from a "
+        "finished run's manifest.json and Parquet outputs.")
+    parser.add_argument("output", metavar="OUTPUT", help="a run's output directory (local or "
+                        "gs://), the one that holds manifest.json")
+    args = parser.parse_args(argv)
+    output = args.output.rstrip("/")
+    if not FileSystems.exists(FileSystems.join(output, "manifest.json")):
+        print(f"error: {output} holds no manifest.json (not a complete run)", file=sys.stderr)
+        sys.exit(2)
+    print(f"card: {write_card(output)}")
+    try:
+        print(f"report: {write_report(output)}")
+    except ReportUnavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
