@@ -73,6 +73,7 @@ SCENARIOS = [
                     f"gs://{BUCKET}/corpus/web/*.jsonl",
                     f"gs://{BUCKET}/corpus/**/chats.json",
                     f"gs://{BUCKET}/corpus/web/2026-11-2[0]/part-0.jsonl",
+                    f"gs://{BUCKET}/corpus/web/2026-11-20/part-?.jsonl",
                     f"gs://{BUCKET}/corpus/web/2026-11-20/part-0.jsonl",
                     f"gs://{BUCKET}/corpus/web/2026-12-01/*.jsonl"]),
     scenario("overridden", "2026-11-21", manifest=BALANCED,
@@ -203,6 +204,13 @@ def test_run_conf_overrides_the_inputs_params_and_overwrite(report):
     assert parameters["output"] == f"gs://{BUCKET}/prepared/2026-11-21"
 
 
+def test_every_wait_on_a_job_is_bounded_by_the_execution_timeout(report):
+    """The provider's trigger never returns for a cancelled job; the deferral's timeout ends it."""
+    timeout = report["dag"]["launch"]["execution_timeout_s"]
+    waits = [t for run in report["runs"] for t in run["defer_timeouts_s"]]
+    assert len(waits) >= len(report["runs"]) and set(waits) == {timeout}
+
+
 def test_an_active_job_of_the_same_name_is_waited_on_not_launched_again(report):
     run = run_of(report, "active_job")
     assert run["state"] == "success" and states(run) == ALL_SUCCESS
@@ -258,6 +266,7 @@ def test_input_globs_follow_cloud_storage_semantics(report):
         f"gs://{BUCKET}/corpus/web/*.jsonl": False,  # '*' stays within one folder
         f"gs://{BUCKET}/corpus/**/chats.json": True,
         f"gs://{BUCKET}/corpus/web/2026-11-2[0]/part-0.jsonl": True,
+        f"gs://{BUCKET}/corpus/web/2026-11-20/part-?.jsonl": True,
         f"gs://{BUCKET}/corpus/web/2026-11-20/part-0.jsonl": True,
         f"gs://{BUCKET}/corpus/web/2026-12-01/*.jsonl": False,
     }

@@ -85,30 +85,6 @@ def input_globs(inputs: str) -> list[str]:
     return [part.split("#", 1)[0].strip() for part in inputs.split(",") if part.strip()]
 
 
-def glob_regex(pattern: str) -> re.Pattern:
-    """Cloud Storage glob semantics as Beam's GCS filesystem reads them: ``*`` and ``?`` stay
-    within one path segment, ``**`` crosses segments, ``[...]`` is a character class."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
-            end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1:end].replace("\\", "\\\\") + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out))
-
-
 def split_gcs(uri: str) -> tuple[str, str]:
     if not uri.startswith("gs://"):
         raise AirflowFailException(f"not a gs:// path: {uri}")
@@ -117,13 +93,16 @@ def split_gcs(uri: str) -> tuple[str, str]:
 
 
 def matches(hook: GCSHook, pattern: str) -> bool:
-    """Whether ``pattern`` matches an object; lists only below its fixed prefix."""
+    """Whether ``pattern`` matches an object, read as the job reads it (Beam's glob syntax:
+    ``*`` within one folder, ``**`` across folders); lists only below its fixed prefix."""
+    from apache_beam.io.filesystem import FileSystem  # heavy: imported when a task runs
+
     bucket, name = split_gcs(pattern)
     cut = min((name.index(c) for c in GLOB_CHARS if c in name), default=None)
     if cut is None:
         return hook.exists(bucket, name)
-    regex = glob_regex(name)
-    return any(regex.fullmatch(found) for found in hook.list(bucket, prefix=name[:cut]))
+    regex = re.compile(FileSystem.translate_pattern(name))
+    return any(regex.match(found) for found in hook.list(bucket, prefix=name[:cut]))
 
 
 def manifest_problems(manifest: Mapping) -> list[str]:
@@ -185,6 +164,13 @@ class LaunchOrAttachFlexTemplateOperator(DataflowStartFlexTemplateOperator):
                 cancel_on_kill=self.cancel_on_kill),
             method_name=GOOGLE_DEFAULT_DEFERRABLE_METHOD_NAME,
         )
+
+    def defer(self, *, trigger, method_name, kwargs=None, timeout=None):
+        """Bounds every wait by ``execution_timeout``: the provider's trigger returns only for a
+        job that is done, failed or stopped, so a job cancelled by hand would be waited on for
+        ever (a timeout fails the try, and the retry launches again)."""
+        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs,
+                      timeout=timeout or self.execution_timeout)
 
     def find_active_job(self, name: str) -> dict | None:
         """The project's active job named ``name`` in this region (Dataflow's jobs.list)."""

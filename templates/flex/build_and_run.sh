@@ -5,8 +5,7 @@
 #   templates/flex/build_and_run.sh run     # start a job from the spec file
 #   templates/flex/build_and_run.sh spec    # print the template spec file path and image
 #
-# Settings come from the environment (README: "Deploying to Dataflow and scheduling from
-# Composer"):
+# Settings come from the environment (docs/deployment.md):
 #   PROJECT, REGION, BUCKET, REPO      required: project, region, bucket for the template spec,
 #                                      staging and temp files, Artifact Registry repository
 #   TAG                                image tag (default: the git commit, else a timestamp)

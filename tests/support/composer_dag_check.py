@@ -42,6 +42,7 @@ import httplib2
 from airflow.models import DagBag
 from airflow.providers.google.cloud.hooks.dataflow import AsyncDataflowHook, DataflowHook
 from airflow.providers.google.cloud.hooks.gcs import GCSHook
+from airflow.sdk import BaseOperator
 from fake_dataflow import FakeDataflow, serve
 from google.cloud.dataflow_v1beta3 import JobState
 from googleapiclient.discovery import build
@@ -72,6 +73,7 @@ def describe(dag) -> dict:
         "params": {name: dag.params[name] for name in dag.params},
         "tasks": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
         "launch": {"operator": type(task).__name__, "retries": task.retries,
+                   "execution_timeout_s": task.execution_timeout.total_seconds(),
                    "retry_delay_s": task.retry_delay.total_seconds(),
                    "deferrable": task.deferrable, "append_job_name": task.append_job_name,
                    "wait_until_finished": task.wait_until_finished},
@@ -94,8 +96,16 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
     # Tasks run in this process, and running one merges the run's conf into its params object:
     # give every run fresh copies, as a new task process would have.
     params = {t.task_id: copy.deepcopy(t.params) for t in dag.tasks}
-    run = dag.test(logical_date=datetime.datetime.fromisoformat(scenario["logical_date"]),
-                   run_conf=scenario.get("conf", {}))
+    deferrals: list = []
+    defer = BaseOperator.defer
+
+    def recorded_defer(task, **kwargs):
+        deferrals.append(kwargs["timeout"])
+        defer(task, **kwargs)
+
+    with mock.patch.object(BaseOperator, "defer", recorded_defer):
+        run = dag.test(logical_date=datetime.datetime.fromisoformat(scenario["logical_date"]),
+                       run_conf=scenario.get("conf", {}))
     for t in dag.tasks:
         t.params = params[t.task_id]
     tasks = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number}
@@ -106,6 +116,7 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
         "polled": sorted({r["path"].rsplit("/", 1)[1] for r in fake.requests
                           if r["method"] == "GET" and "/jobs/" in r["path"]}),
         "jobs": [dict(job) for job in fake.jobs],
+        "defer_timeouts_s": [t.total_seconds() if t else None for t in deferrals],
     }
 
 
