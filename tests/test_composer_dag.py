@@ -87,6 +87,7 @@ SCENARIOS = [
                                       "JOB_STATE_DONE"]}]),
     scenario("lost_launch_response", "2026-11-23", manifest=BALANCED, drop_launch_responses=1),
     scenario("failed_job", "2026-11-24", manifest=BALANCED, job_scripts=[FAILED]),
+    scenario("lost_wait", "2026-11-26", manifest=BALANCED, fail_job_reads=1),
     scenario("unbalanced", "2026-11-25", manifest=unbalanced(BALANCED)),
 ]
 
@@ -229,6 +230,19 @@ def test_a_launch_whose_answer_was_lost_attaches_to_the_job_it_started(report):
     first, again = run["launches"]
     assert first == again
     named = [j for j in run["jobs"] if j["name"] == "llm-dataprep-20261123"]
+    assert [j["currentState"] for j in named] == ["JOB_STATE_DONE"]
+    assert run["polled"] == [named[0]["id"]]
+
+
+def test_a_retry_after_losing_a_running_job_waits_on_it_instead_of_launching(report):
+    """Try 1 launches, then loses touch while the job runs (the task fails as if its worker
+    died); try 2 finds the job still active under the date's name and waits on it."""
+    run = run_of(report, "lost_wait")
+    assert run["state"] == "success" and states(run) == ALL_SUCCESS
+    assert run["tasks"]["prepare_training_data"]["try_number"] == 2
+    [launch] = run["launches"]
+    assert launch["launchParameter"]["jobName"] == "llm-dataprep-20261126"
+    named = [j for j in run["jobs"] if j["name"] == "llm-dataprep-20261126"]
     assert [j["currentState"] for j in named] == ["JOB_STATE_DONE"]
     assert run["polled"] == [named[0]["id"]]
 

@@ -21,7 +21,7 @@ SCENARIOS is a JSON file holding a list of scenarios. A scenario: ``{"name", "lo
 "conf", "objects": {gs_uri: text} to upload first,
 "manifest": what a finished job writes, "active_jobs": [{"name", "output"}] already running,
 "job_scripts": [[state, ...], ...] for the jobs launched, "drop_launch_responses": N,
-"globs": [patterns to match against the bucket]}``.
+"fail_job_reads": N, "globs": [patterns to match against the bucket]}``.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
                      {"output": job["output"]}, script=job.get("script"))
     fake.next_scripts = [list(s) for s in scenario.get("job_scripts", [])]
     fake.drop_launch_responses = scenario.get("drop_launch_responses", 0)
+    fake.fail_job_reads = scenario.get("fail_job_reads", 0)
     fake.on_done = lambda job: upload(f"{job['parameters']['output']}/manifest.json",
                                       json.dumps(scenario["manifest"]))
     # Tasks run in this process, and running one merges the run's conf into its params object:

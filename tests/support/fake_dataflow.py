@@ -13,7 +13,9 @@ so the Google provider's own request building and response parsing run unchanged
   manifest, as the real job would).
 
 ``drop_launch_responses`` makes the next N launches create their job and then close the
-connection without an answer: a launch that reached Dataflow from a worker that was then lost.
+connection without an answer: a launch that reached Dataflow whose answer was lost.
+``fail_job_reads`` makes the next N reads of a job answer 500 without moving it: the waiting
+side loses touch with a job that goes on running.
 Standard library only: it runs inside the Airflow virtual environment.
 """
 
@@ -45,6 +47,7 @@ class FakeDataflow:
         self.next_scripts: list[list[str]] = []
         self.requests: list[dict] = []
         self.drop_launch_responses = 0
+        self.fail_job_reads = 0
         self.on_done = on_done
         self.lock = threading.Lock()
 
@@ -83,6 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
                 job = next((j for j in self.service.jobs if j["id"] == match["job_id"]), None)
                 if job is None:
                     return self._error(404, "NOT_FOUND", f"job {match['job_id']} not found")
+                if self.service.fail_job_reads:
+                    self.service.fail_job_reads -= 1
+                    return self._error(500, "INTERNAL", "the backend did not answer")
                 self.service.advance(job)
                 return self._send(200, job)
             if _LIST.fullmatch(url.path):
