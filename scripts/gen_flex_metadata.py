@@ -8,6 +8,13 @@ exactly when the pipeline refuses to start without it. Run it after adding or ch
 
     .venv/bin/python scripts/gen_flex_metadata.py           # rewrite the file
     .venv/bin/python scripts/gen_flex_metadata.py --check   # exit 1 if it is out of date
+
+One Beam option is declared too: ``sdk_container_image``, the workers' image. Without it a launch
+from the Console or a plain ``gcloud dataflow flex-template run`` starts workers on the stock Beam
+image, which lacks this package. The build (templates/flex/build_and_run.sh) writes a copy with
+the image it built as the default and builds the template spec from that copy:
+
+    .venv/bin/python scripts/gen_flex_metadata.py --image=IMAGE --out=PATH
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ PATH_OPTIONS: dict[str, dict] = {
 # The smallest run the pipeline accepts; an option is required when leaving it out of this run
 # is refused, and every option not in it is optional.
 MINIMAL_RUN = {"input": "gs://my-bucket/corpus/*.jsonl.zst", "output": "gs://my-bucket/prepared"}
+# The worker image: a Beam option, declared so that its default travels in the template spec.
+WORKER_IMAGE = "sdk_container_image"
+WORKER_GROUP = "Dataflow workers"
+# host[:port]/path[:tag][@sha256:digest], as Docker and Artifact Registry name images.
+IMAGE_REGEX = r"^[\w.-]+(:\d+)?(/[\w.-]+)+(:[\w.-]+)?(@sha256:[0-9a-f]{64})?$"
 LABELS = {
     "input": "Input files",
     "output": "Output directory",
@@ -119,7 +131,26 @@ def parameter(parser: argparse.ArgumentParser, group: str, action: argparse.Acti
     return entry
 
 
-def build_metadata() -> dict:
+def worker_image_parameter(image: str | None) -> dict:
+    """The ``sdk_container_image`` parameter, with ``image`` as its default when given."""
+    entry = {
+        "name": WORKER_IMAGE,
+        "label": "Worker image",
+        "helpText": "The image the workers run (Beam's --sdk_container_image). The build sets "
+                    "the template's own image as the default; the stock Beam image lacks this "
+                    "package, so workers started on it fail with ModuleNotFoundError.",
+        "groupName": WORKER_GROUP,
+        "isOptional": True,
+        "paramType": "TEXT",
+        "regexes": [IMAGE_REGEX],
+    }
+    if image:
+        entry["defaultValue"] = image
+    return entry
+
+
+def build_metadata(image: str | None = None) -> dict:
+    """The template's metadata; ``image`` becomes the worker image's default (the build's)."""
     parser = argument_parser()
     options = own_options(parser)
     required = required_names()
@@ -128,8 +159,9 @@ def build_metadata() -> dict:
         "name": TEMPLATE_NAME,
         "description": " ".join(DESCRIPTION.split()),
         "streaming": False,
-        "parameters": [parameter(parser, group, action, required, defaults[action.dest])
-                       for group, action in options],
+        "parameters": [*(parameter(parser, group, action, required, defaults[action.dest])
+                         for group, action in options),
+                       worker_image_parameter(image)],
     }
 
 
@@ -141,18 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     args.add_argument("--check", action="store_true",
                       help="exit 1, writing nothing, if metadata.json is out of date")
-    check = args.parse_args(argv).check
-    metadata = build_metadata()
+    args.add_argument("--image", help="the worker image's default (the image being built)")
+    args.add_argument("--out", type=Path, default=METADATA_PATH,
+                      help="where to write (default: %(default)s)")
+    parsed = args.parse_args(argv)
+    if parsed.check and (parsed.image or parsed.out != METADATA_PATH):
+        args.error("--check compares metadata.json only; it takes no --image or --out")
+    metadata = build_metadata(parsed.image)
     text = render(metadata)
-    current = METADATA_PATH.read_text() if METADATA_PATH.exists() else None
-    if check:
+    if parsed.check:
+        current = METADATA_PATH.read_text() if METADATA_PATH.exists() else None
         if current != text:
             print(f"{METADATA_PATH} is out of date: run scripts/gen_flex_metadata.py",
                   file=sys.stderr)
             return 1
         return 0
-    METADATA_PATH.write_text(text)
-    print(f"wrote {METADATA_PATH} ({len(metadata['parameters'])} parameters)")
+    parsed.out.write_text(text)
+    print(f"wrote {parsed.out} ({len(metadata['parameters'])} parameters)")
     return 0
 
 

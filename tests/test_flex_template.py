@@ -35,6 +35,7 @@ GCS_SAMPLE = "gs://my-bucket/data/part-1.jsonl"
 # Path parameters whose value is more than a path; others get GCS_SAMPLE.
 PATH_SAMPLES = {"schema": "alpaca=gs://my-bucket/schemas/alpaca.pbtxt"}
 IMAGE = "europe-west4-docker.pkg.dev/my-project-1234/dataprep/llm-dataprep:abc123"
+WORKER_IMAGE = "sdk_container_image"
 
 
 def load_generator():
@@ -52,7 +53,14 @@ def metadata() -> dict:
 
 @pytest.fixture(scope="module")
 def parameters(metadata) -> dict[str, dict]:
-    return {p["name"]: p for p in metadata["parameters"]}
+    """The parameters of the pipeline's own options (the worker image is Beam's)."""
+    return {p["name"]: p for p in metadata["parameters"] if p["name"] != WORKER_IMAGE}
+
+
+@pytest.fixture(scope="module")
+def worker_image(metadata) -> dict:
+    [param] = [p for p in metadata["parameters"] if p["name"] == WORKER_IMAGE]
+    return param
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +144,22 @@ def test_defaults_parse_back_to_the_options_defaults(parameters, parser, own_act
             assert [o["value"] for o in param["enumOptions"]] == list(action.choices)
 
 
+def test_worker_image_is_declared_and_the_build_makes_its_own_image_the_default(
+        worker_image, parser, tmp_path):
+    assert worker_image["isOptional"] and "defaultValue" not in worker_image  # no build, no image
+    namespace = parser.parse_args([f"--{WORKER_IMAGE}={IMAGE}"])
+    assert namespace.sdk_container_image == IMAGE  # the launcher hands it to Beam as is
+    for image in (IMAGE, "apache/beam_python3.11_sdk:2.77.0", f"{IMAGE}@sha256:{'0' * 64}"):
+        assert re.fullmatch(worker_image["regexes"][0], image), image
+    assert not re.fullmatch(worker_image["regexes"][0], "not an image")
+    built = load_generator().build_metadata(IMAGE)
+    TemplateMetadata.from_json(json.dumps(built))
+    [param] = [p for p in built["parameters"] if p["name"] == WORKER_IMAGE]
+    assert param == {**worker_image, "defaultValue": IMAGE}
+    assert [p for p in built["parameters"] if p["name"] != WORKER_IMAGE] == [
+        p for p in json.loads(METADATA.read_text())["parameters"] if p["name"] != WORKER_IMAGE]
+
+
 def test_path_parameters_accept_gcs_and_reject_local_paths(parameters):
     paths = {name for name, param in parameters.items() if "gs://" in param["helpText"]}
     assert {"input", "output", "tokenizer", "chat_template"} <= paths
@@ -189,6 +213,7 @@ def test_image_beam_version_equals_the_pinned_one():
     pinned = re.search(r"^apache-beam\[gcp\]==(\S+)$", (ROOT / "requirements.txt").read_text(),
                        re.MULTILINE)
     assert pinned and args["BEAM_VERSION"] == pinned.group(1)
+    assert re.fullmatch(r"20\d{6}_RC\d\d", args["LAUNCHER_TAG"])  # dated, not "latest"
     assert f"py{sys.version_info.major}{sys.version_info.minor}" == "py311"  # the image's Python
 
 
@@ -209,8 +234,9 @@ def build_script(*args: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_build_script_builds_the_image_then_the_template_spec():
-    result = build_script("build")
+def test_build_script_builds_the_image_then_the_template_spec(tmp_path):
+    metadata = tmp_path / "metadata.json"
+    result = build_script("build", METADATA_OUT=str(metadata))
     assert result.returncode == 0, result.stderr
     submit, spec = result.stdout.strip().splitlines()
     assert submit.startswith("gcloud builds submit . ")
@@ -219,7 +245,9 @@ def test_build_script_builds_the_image_then_the_template_spec():
     assert spec.startswith(
         "gcloud dataflow flex-template build gs://my-bucket/templates/llm-dataprep-abc123.json")
     assert f"--image={IMAGE}" in spec
-    assert "--metadata-file=templates/flex/metadata.json" in spec
+    assert f"--metadata-file={metadata}" in spec
+    # the spec's metadata: the checked-in one, with the built image as the workers' default
+    assert json.loads(metadata.read_text()) == load_generator().build_metadata(IMAGE)
 
 
 def test_build_script_runs_with_the_image_as_worker_container():

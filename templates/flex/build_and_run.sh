@@ -5,13 +5,14 @@
 #   templates/flex/build_and_run.sh run     # start a job from the spec file
 #   templates/flex/build_and_run.sh spec    # print the template spec file path and image
 #
-# Settings come from the environment (README: "Deploying to Dataflow and scheduling from
-# Composer"):
+# Settings come from the environment (docs/deployment.md):
 #   PROJECT, REGION, BUCKET, REPO      required: project, region, bucket for the template spec,
 #                                      staging and temp files, Artifact Registry repository
 #   TAG                                image tag (default: the git commit, else a timestamp)
 #   IMAGE_NAME                         default llm-dataprep
 #   TEMPLATE_PATH                      default gs://$BUCKET/templates/llm-dataprep-$TAG.json
+#   METADATA_OUT                       where build writes the metadata with the image as the
+#                                      workers' default (default: a temporary file)
 #   SERVICE_ACCOUNT                    worker service account email (default: Compute Engine's)
 #   for run: INPUT and OUTPUT (gs:// only; INPUT may be a comma-separated list), optional
 #            JOB_NAME, MAX_WORKERS, MACHINE_TYPE, and EXTRA_PARAMETERS as NAME=VALUE pairs
@@ -35,12 +36,15 @@ IMAGE="${REGION}-docker.pkg.dev/${PROJECT}/${REPO}/${IMAGE_NAME}:${TAG}"
 TEMPLATE_PATH="${TEMPLATE_PATH:-gs://${BUCKET}/templates/${IMAGE_NAME}-${TAG}.json}"
 
 build() {
-  # The metadata must describe the options this checkout has.
-  "${PYTHON:-.venv/bin/python}" scripts/gen_flex_metadata.py --check
+  # The metadata must describe the options this checkout has; the spec gets a copy whose worker
+  # image defaults to the image built here, so every way of launching runs the workers on it.
+  local python="${PYTHON:-.venv/bin/python}" metadata="${METADATA_OUT:-$(mktemp -t flex-metadata.XXXXXX)}"
+  "$python" scripts/gen_flex_metadata.py --check
+  "$python" scripts/gen_flex_metadata.py --image="$IMAGE" --out="$metadata" >&2
   do_run gcloud builds submit . --project="$PROJECT" --region="$REGION" \
     --config=templates/flex/cloudbuild.yaml --substitutions="_IMAGE=${IMAGE}"
   do_run gcloud dataflow flex-template build "$TEMPLATE_PATH" --project="$PROJECT" \
-    --image="$IMAGE" --sdk-language=PYTHON --metadata-file=templates/flex/metadata.json
+    --image="$IMAGE" --sdk-language=PYTHON --metadata-file="$metadata"
 }
 
 run() {

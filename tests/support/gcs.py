@@ -57,7 +57,8 @@ class _MetadataHandler(BaseHTTPRequestHandler):
     that its detection probe checks."""
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path
+        # The account is asked for by name as well as as "default" (newer google-auth does).
+        path = urlsplit(self.path).path.replace(f"/{SERVICE_ACCOUNT}/", "/default/")
         if path in _JSON:
             body, content_type, status = json.dumps(_JSON[path]), "application/json", 200
         elif path in _TEXT or path == "/":
