@@ -28,35 +28,30 @@ from apache_beam.metrics import Metrics
 PROGRESS_DIR_ENV = "BEAM_PIPELINE_PROGRESS_DIR"
 NAMESPACE = "progress"
 COUNTERS = ("records_read", "bytes_read", "shards_done", "tokens_written")
-FLUSH_SECONDS = 0.5  # how often a worker process rewrites its totals file, at most
 LINE_SECONDS = 5.0  # how often a progress line is printed when stderr is not a terminal
 BAR_SECONDS = 0.5  # how often the bar is redrawn on a terminal
 BAR_WIDTH = 24
 
 
 class _ProcessTotals:
-    """This process's running totals, written to its own file in the side-channel directory."""
+    """This process's running totals, rewritten to its own file in the side-channel directory
+    on every change: a worker process may be stopped as soon as the run ends, so nothing is
+    held back (the file is a few dozen bytes, written once per chunk or part)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.totals = dict.fromkeys(COUNTERS, 0)
         self.name = f"{os.getpid()}-{uuid.uuid4().hex}.json"
-        self.flushed = 0.0
 
     def add(self, directory: str, counts: dict[str, int]) -> None:
         with self.lock:
             for key, value in counts.items():
                 self.totals[key] += value
-            now = time.monotonic()
-            if now - self.flushed < FLUSH_SECONDS and not counts.get("shards_done"):
-                return
-            self.flushed = now
             text = json.dumps(self.totals)
-        path = os.path.join(directory, self.name)
-        temporary = f"{path}.{threading.get_ident()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)  # readers never see half a file
+            path = os.path.join(directory, self.name)
+            with open(f"{path}.tmp", "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(f"{path}.tmp", path)  # readers never see half a file
 
 
 _TOTALS: dict[int, _ProcessTotals] = {}  # by process id: a forked child starts its own
@@ -164,8 +159,10 @@ class ProgressReporter:
         self._directory = tempfile.TemporaryDirectory(prefix="beam_pipeline-progress-")
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._start = 0.0
+        self._previous: str | None = None
 
     def __enter__(self) -> ProgressReporter:
+        self._previous = os.environ.get(PROGRESS_DIR_ENV)
         os.environ[PROGRESS_DIR_ENV] = self._directory.name
         self._start = self.clock()
         self._thread.start()
@@ -174,7 +171,10 @@ class ProgressReporter:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
-        os.environ.pop(PROGRESS_DIR_ENV, None)
+        if self._previous is None:
+            os.environ.pop(PROGRESS_DIR_ENV, None)
+        else:
+            os.environ[PROGRESS_DIR_ENV] = self._previous
         self._directory.cleanup()
 
     def totals(self) -> dict[str, int]:

@@ -43,7 +43,8 @@ class ReadInputs(beam.PTransform):
         sizes = self.shard_bytes or [0] * len(self.shards)
         return (
             pbegin
-            | "ListShards" >> beam.Create(list(zip(self.shards, sizes, strict=True)))
+            | "ListShards" >> beam.Create([(shard, size, True)
+                                           for shard, size in zip(self.shards, sizes, strict=True)])
             | "SpreadFiles" >> beam.Reshuffle()
             | "SplitParquet" >> beam.FlatMap(_split)
             | "SpreadShards" >> beam.Reshuffle()
@@ -53,17 +54,22 @@ class ReadInputs(beam.PTransform):
         )
 
 
-def _split(planned: tuple[ShardSpec, int]) -> list[tuple[ShardSpec, int]]:
+# (shard, bytes it stands for, whether it ends a planned shard): a planned Parquet file counts
+# as done when its last row-group range is read.
+_Planned = tuple[ShardSpec, int, bool]
+
+
+def _split(planned: _Planned) -> list[_Planned]:
     """A whole Parquet file's row-group ranges, the file's bytes shared among them."""
-    shard, nbytes = planned
+    shard, nbytes, _ = planned
     parts = split_shard(shard)
-    return [(part, nbytes // len(parts) + (i < nbytes % len(parts)))
+    return [(part, nbytes // len(parts) + (i < nbytes % len(parts)), i == len(parts) - 1)
             for i, part in enumerate(parts)]
 
 
-def _read(planned: tuple[ShardSpec, int], chunk_records: int, max_record_bytes: int,
+def _read(planned: _Planned, chunk_records: int, max_record_bytes: int,
           counted: bool) -> Iterator[RecordChunk]:
-    shard, nbytes = planned
+    shard, nbytes, ends_planned = planned
     chunks = read_shard(shard, chunk_records=chunk_records, max_record_bytes=max_record_bytes)
     if not counted:
         yield from chunks
@@ -76,7 +82,7 @@ def _read(planned: tuple[ShardSpec, int], chunk_records: int, max_record_bytes: 
         progress.count(records_read=len(chunk.records), bytes_read=max(0, reached - done))
         done = max(done, reached)
         yield chunk
-    progress.count(bytes_read=nbytes - done, shards_done=1)
+    progress.count(bytes_read=nbytes - done, shards_done=int(ends_planned))
 
 
 def check_field_mappings(spec: InputSpec, path: str) -> None:
