@@ -54,15 +54,17 @@ class _ProcessTotals:
             os.replace(f"{path}.tmp", path)  # readers never see half a file
 
 
-_TOTALS: dict[int, _ProcessTotals] = {}  # by process id: a forked child starts its own
+# By process id (a forked child starts its own) and side-channel directory (one per run).
+_TOTALS: dict[tuple[int, str], _ProcessTotals] = {}
 _TOTALS_LOCK = threading.Lock()
 
 
-def _process_totals() -> _ProcessTotals:
+def _process_totals(directory: str) -> _ProcessTotals:
+    key = (os.getpid(), directory)
     with _TOTALS_LOCK:
-        if os.getpid() not in _TOTALS:
-            _TOTALS[os.getpid()] = _ProcessTotals()
-        return _TOTALS[os.getpid()]
+        if key not in _TOTALS:
+            _TOTALS[key] = _ProcessTotals()
+        return _TOTALS[key]
 
 
 def count(**counts: int) -> None:
@@ -72,7 +74,7 @@ def count(**counts: int) -> None:
             Metrics.counter(NAMESPACE, name).inc(value)
     directory = os.environ.get(PROGRESS_DIR_ENV)
     if directory and os.path.isdir(directory):
-        _process_totals().add(directory, counts)
+        _process_totals(directory).add(directory, counts)
 
 
 def read_totals(directory: str) -> dict[str, int]:
