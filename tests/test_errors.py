@@ -2,6 +2,7 @@
 the exit code, no traceback unless --verbose, and a rerun that the failed run does not block."""
 
 import contextlib
+import gzip
 import io
 import logging
 import shlex
@@ -12,6 +13,7 @@ import pytest
 from beam_pipeline import pipeline
 from beam_pipeline.pipeline import main, prepare
 from tests.conftest import EXAMPLES
+from transforms.io import readers
 
 BROKEN = f"{EXAMPLES}/broken_lines.jsonl"
 C4 = f"{EXAMPLES}/c4_sample.jsonl"
@@ -173,3 +175,15 @@ def test_an_unexpected_failure_is_one_line_unless_verbose(tmp_path, capsys, monk
     assert err.startswith("Traceback (most recent call last):\n")
     assert err.endswith("RuntimeError: disk on fire\nerror: RuntimeError: disk on fire\n"
                         "run again with --verbose for the traceback\n")
+
+
+def test_a_large_compressed_input_gets_the_advice_at_planning(tmp_path, monkeypatch, caplog):
+    big = tmp_path / "crawl.jsonl.gz"
+    big.write_bytes(gzip.compress(b'{"text": "a document"}\n' * 1000))
+    monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 100)
+    with caplog.at_level(logging.WARNING, logger="beam_pipeline"):
+        prepare([f"--input={big}", f"--output={tmp_path}/o"])
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"1 compressed input file(s) over 0 GiB (largest {big}, ")
+    assert "Recompress into pieces of about 1 GB" in warning
+    assert warning.endswith("see docs/inputs-at-scale.md")
