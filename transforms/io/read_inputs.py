@@ -10,6 +10,7 @@ data-sized shuffle is needed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
@@ -43,8 +44,9 @@ class ReadInputs(beam.PTransform):
         sizes = self.shard_bytes or [0] * len(self.shards)
         return (
             pbegin
-            | "ListShards" >> beam.Create([(shard, size, True)
-                                           for shard, size in zip(self.shards, sizes, strict=True)])
+            | "ListShards" >> beam.Create([_PlannedShards(tuple(
+                (shard, size, True) for shard, size in zip(self.shards, sizes, strict=True)))])
+            | "EachShard" >> beam.FlatMap(lambda planned: planned.items)
             | "SpreadFiles" >> beam.Reshuffle()
             | "SplitParquet" >> beam.FlatMap(_split)
             | "SpreadShards" >> beam.Reshuffle()
@@ -57,6 +59,15 @@ class ReadInputs(beam.PTransform):
 # (shard, bytes it stands for, whether it ends a planned shard): a planned Parquet file counts
 # as done when its last row-group range is read.
 _Planned = tuple[ShardSpec, int, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlannedShards:
+    """The planned shards as one element. Given a list, ``beam.Create`` infers a type for and
+    encodes each element when the graph is built: about 10 s for 100,000 shards, against one
+    pickle for this one element (``bench/bench_launch.py``)."""
+
+    items: tuple[_Planned, ...]
 
 
 def _split(planned: _Planned) -> list[_Planned]:
