@@ -8,16 +8,24 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import sys
+import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 import apache_beam as beam
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+)
 from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals, progress
@@ -341,7 +349,7 @@ def execute(plan: Plan) -> PrepConfig:
         LOG.info("submitted to %s; the job writes %s/manifest.json when it completes",
                  plan.runner, cfg.output)
         return cfg
-    with _progress(plan):
+    with _console(plan) as console, _progress(plan, console):
         pipeline.run().wait_until_finish()
     for phase in plan.phases:
         if phase.name is not None:
@@ -353,12 +361,34 @@ def execute(plan: Plan) -> PrepConfig:
 
 
 @contextlib.contextmanager
-def _progress(plan: Plan) -> Iterator[None]:
+def _progress(plan: Plan, console: TextIO) -> Iterator[None]:
     if plan.quiet:
         yield
         return
-    with progress.ProgressReporter(plan.planned):
+    with progress.ProgressReporter(plan.planned, console):
         yield
+
+
+@contextlib.contextmanager
+def _console(plan: Plan) -> Iterator[TextIO]:
+    """The terminal's stderr for the launcher's own lines while the run works. Beam's
+    ``multi_processing`` worker processes print a failing step's traceback straight to the
+    stderr they inherit, so, unless --verbose, the workers are started with theirs sent to a
+    file (deleted after the run); the launcher then reports the failure once."""
+    mode = plan.options.view_as(DirectOptions).direct_running_mode
+    if plan.verbose or mode != "multi_processing":
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as workers_log, os.fdopen(os.dup(saved), "w") as console:
+        os.dup2(workers_log.fileno(), 2)
+        try:
+            yield console
+        finally:
+            console.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def empty_input_warnings(manifest: dict) -> list[str]:
@@ -375,12 +405,21 @@ def rerun_command(argv: Sequence[str], **changes: str) -> str:
     return shlex.join(["python", "-m", "beam_pipeline", *kept, *added])
 
 
-def _one_line(error: BaseException) -> str:
-    """The error's own message, without the step name Beam appends to an exception it
-    re-raises from a worker (the message already says what to change)."""
-    message = re.sub(r"\s*\[while running '[^']*'\]\s*$", "", str(error).strip())
-    return message if isinstance(error, (ValueError, RejectRateError, RowCountError)) \
-        else f"{type(error).__name__}: {message}"
+# The last line of a traceback that a worker process sends back as the error's text.
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.MULTILINE)
+_OWN_ERRORS = (ValueError, RejectRateError, RowCountError)  # whose message says what to change
+
+
+def _failure(error: BaseException) -> tuple[str, str]:
+    """The failing exception's class name and its one-line message. A worker process's failure
+    reaches the launcher as a RuntimeError holding the worker's traceback: the last exception
+    line of it is the failure. Beam's ``[while running 'STEP']`` suffix is dropped."""
+    name, message = type(error).__name__, str(error).strip()
+    if "Traceback (most recent call last)" in message:
+        found = _EXCEPTION_LINE.findall(message)
+        if found:
+            name, message = found[-1][0].rsplit(".", 1)[-1], found[-1][1]
+    return name, re.sub(r"\s*\[while running '[^']*'\]\s*$", "", message)
 
 
 def _quiet_beam_logs(verbose: bool) -> None:
@@ -404,16 +443,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     try:
         execute(plan)
-    except (RejectRateError, RowCountError) as error:
-        _fail(plan, error, f"the directory holds this run's partial outputs; once the inputs "
-                           f"or the option are changed, run again with --overwrite=true: "
-                           f"{rerun_command(argv, overwrite='true')}")
     except Exception as error:
-        _fail(plan, error, "run again with --verbose for the traceback")
+        _fail(plan, argv, error)
 
 
-def _fail(plan: Plan, error: BaseException, advice: str) -> None:
+def _fail(plan: Plan, argv: Sequence[str], error: BaseException) -> None:
+    """One message for a failed run, with what to do next; exit status 1."""
     if plan.verbose:
         traceback.print_exception(error)
-    print(f"error: {_one_line(error)}\n{advice}", file=sys.stderr)
+    name, message = _failure(error)
+    if name in {cls.__name__ for cls in _OWN_ERRORS[1:]}:
+        advice = (f"the directory holds this run's partial outputs; once the inputs or the "
+                  f"option are changed, run again with --overwrite=true: "
+                  f"{rerun_command(argv, overwrite='true')}")
+    else:
+        advice = "run again with --verbose for the traceback"
+    text = message if name in {cls.__name__ for cls in _OWN_ERRORS} else f"{name}: {message}"
+    print(f"error: {text}\n{advice}", file=sys.stderr)
     sys.exit(1)

@@ -3,10 +3,13 @@ the exit code, no traceback unless --verbose, and a rerun that the failed run do
 
 import contextlib
 import gzip
-import io
 import logging
+import os
 import shlex
 import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,44 +39,71 @@ def fail(argv: list[str], capsys) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def stopped_then_rerun(tmp_path_factory):
-    """A run stopped by --max_reject_fraction (its inputs include an empty file), then the
-    rerun its message prints, with the fraction raised."""
+    """A run stopped by --max_reject_fraction (its inputs include an empty file; worker
+    processes, whose failing step prints a traceback), then the rerun its message prints, with
+    the fraction raised and in one process."""
     root = tmp_path_factory.mktemp("stopped")
     empty = root / "empty.jsonl"
     empty.write_bytes(b"")
     output = root / "out"
     argv = [f"--input={BROKEN}", f"--input={empty}", f"--output={output}",
-            "--max_reject_fraction=0.01", "--quiet"]
+            "--max_reject_fraction=0.01", "--quiet", "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2"]
     first = _main_outcome(argv)
     command = first[2].splitlines()[-1].split(": ", 1)[1]
     rerun = shlex.split(command)
     assert rerun[:3] == ["python", "-m", "beam_pipeline"]
-    rerun = [arg.replace("--max_reject_fraction=0.01", "--max_reject_fraction=0.5")
-             for arg in rerun[3:]]
+    changes = {"--max_reject_fraction=0.01": "--max_reject_fraction=0.5",
+               "--direct_running_mode=multi_processing": "--direct_running_mode=in_memory"}
+    rerun = [changes.get(arg, arg) for arg in rerun[3:]]
     second = _main_outcome(rerun)
     return {"argv": argv, "empty": empty, "output": output, "first": first, "second": second,
             "command": command}
 
 
+@contextlib.contextmanager
+def captured_fds() -> Iterator[dict[str, str]]:
+    """Everything written to stdout and stderr by this process (Python or not) and by the
+    processes it starts, such as multi_processing workers: capsys sees only Python's writes."""
+    texts: dict[str, str] = {}
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        files = {"out": out_file, "err": err_file}
+        saved = [os.dup(1), os.dup(2)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.dup2(out_file.fileno(), 1)
+            os.dup2(err_file.fileno(), 2)
+            with open(1, "w", closefd=False) as out, open(2, "w", closefd=False) as err, \
+                    contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                yield texts
+        finally:
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            for name, file in files.items():
+                file.seek(0)
+                texts[name] = file.read().decode()
+
+
 def _main_outcome(argv: list[str]) -> tuple[int, str, str, list[str]]:
-    """(exit code, stdout, stderr, Beam's log records) of main(argv), captured by hand: a
-    module-scoped fixture cannot use capsys."""
-    out, err = io.StringIO(), io.StringIO()
+    """(exit code, stdout, stderr, Beam's log records) of main(argv)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger().addHandler(handler)
     code = 0
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
+        with captured_fds() as texts:
+            try:
+                main(argv)
+            except SystemExit as exit_info:
+                code = exit_info.code
     finally:
         logging.getLogger().removeHandler(handler)
         logging.getLogger("apache_beam").setLevel(logging.NOTSET)
     beam = [r.getMessage() for r in records if r.name.startswith("apache_beam")]
-    return code, out.getvalue(), err.getvalue(), beam
+    return code, texts["out"], texts["err"], beam
 
 
 def test_a_stopped_run_says_so_once_with_the_rerun_command(stopped_then_rerun):
