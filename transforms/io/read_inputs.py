@@ -22,7 +22,12 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline import progress
 from transforms.classify import apply_field_map
 from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
-from transforms.io.readers import file_format, read_shard, split_shard
+from transforms.io.readers import (
+    DEFAULT_TARGET_SHARD_BYTES,
+    file_format,
+    read_shard,
+    split_shard,
+)
 
 MAPPING_CHECK_RECORDS = 20  # first records of an input on which declared fields must appear
 MAPPING_CHECK_MAX_JSON_BYTES = 64 << 20  # a JSON array is parsed whole; larger ones go unchecked
@@ -33,8 +38,10 @@ class ReadInputs(beam.PTransform):
     it also counts the run's progress: records, bytes of the planned total, shards done."""
 
     def __init__(self, shards: Sequence[ShardSpec], chunk_records: int, max_record_bytes: int,
-                 shard_bytes: Sequence[int] | None = None):
+                 shard_bytes: Sequence[int] | None = None,
+                 target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES):
         super().__init__()
+        self.target_shard_bytes = target_shard_bytes
         self.shards = list(shards)
         self.chunk_records = chunk_records
         self.max_record_bytes = max_record_bytes
@@ -48,7 +55,7 @@ class ReadInputs(beam.PTransform):
                 (shard, size, True) for shard, size in zip(self.shards, sizes, strict=True)))])
             | "EachShard" >> beam.FlatMap(lambda planned: planned.items)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "SplitParquet" >> beam.FlatMap(_split)
+            | "SplitParquet" >> beam.FlatMap(_split, self.target_shard_bytes)
             | "SpreadShards" >> beam.Reshuffle()
             | "ReadShards" >> beam.FlatMap(
                 _read, chunk_records=self.chunk_records, max_record_bytes=self.max_record_bytes,
@@ -70,10 +77,10 @@ class _PlannedShards:
     items: tuple[_Planned, ...]
 
 
-def _split(planned: _Planned) -> list[_Planned]:
+def _split(planned: _Planned, target_shard_bytes: int) -> list[_Planned]:
     """A whole Parquet file's row-group ranges, the file's bytes shared among them."""
     shard, nbytes, _ = planned
-    parts = split_shard(shard)
+    parts = split_shard(shard, target_shard_bytes)
     return [(part, nbytes // len(parts) + (i < nbytes % len(parts)), i == len(parts) - 1)
             for i, part in enumerate(parts)]
 
