@@ -41,11 +41,11 @@ class ReadInputs(beam.PTransform):
                  shard_bytes: Sequence[int] | None = None,
                  target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES):
         super().__init__()
-        self.target_shard_bytes = target_shard_bytes
         self.shards = list(shards)
         self.chunk_records = chunk_records
         self.max_record_bytes = max_record_bytes
         self.shard_bytes = None if shard_bytes is None else list(shard_bytes)
+        self.target_shard_bytes = target_shard_bytes  # for cutting Parquet into row groups
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         sizes = self.shard_bytes or [0] * len(self.shards)
