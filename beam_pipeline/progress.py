@@ -150,10 +150,10 @@ class ProgressReporter:
     names in the environment for the workers and removes at the end.
     """
 
-    def __init__(self, planned: Planned, stream: TextIO = sys.stderr,
+    def __init__(self, planned: Planned, stream: TextIO | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.planned = planned
-        self.stream = stream
+        self.stream = sys.stderr if stream is None else stream
         self.clock = clock
         self.terminal = stream.isatty()
         self.interval = BAR_SECONDS if self.terminal else LINE_SECONDS

@@ -263,13 +263,21 @@ def test_progress_counts_what_was_read_and_written_in_both_running_modes(mode, r
     assert plan.total_bytes == sizes
 
 
-def test_the_direct_runner_goes_straight_to_the_fn_api_runner(tmp_path, monkeypatch):
+def test_the_direct_runner_goes_straight_to_the_fn_api_runner(tmp_path, monkeypatch, capsys):
     """Beam's DirectRunner would first try Prism (a binary downloaded from GitHub, which
-    ignores --direct_running_mode) and fall back quietly when that fails."""
+    ignores --direct_running_mode) and fall back quietly when that fails. Without --quiet the
+    run ends its progress on stderr with the whole input read."""
     from apache_beam.runners.portability.prism_runner import PrismRunner
 
     tried = []
     monkeypatch.setattr(PrismRunner, "run_pipeline", lambda *args: tried.append(args))
     run([f"--input={EXAMPLES}/c4_sample.jsonl", f"--output={tmp_path}", "--block_size=256"])
     assert not tried
-    assert json.loads((tmp_path / "manifest.json").read_text())["records"]["read"] > 0
+    read = json.loads((tmp_path / "manifest.json").read_text())["records"]["read"]
+    assert read > 0
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("progress: ")]
+    size = (EXAMPLES / "c4_sample.jsonl").stat().st_size
+    assert lines[-1].startswith(f"progress: {read:,} records read (1/1 shards, "
+                                f"{size / 1000:.1f} KB of {size / 1000:.1f} KB, 100%), ")
+    assert lines[-1].endswith(", all input read")
