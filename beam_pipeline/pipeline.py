@@ -233,7 +233,6 @@ class Plan:
     phases: list[Phase]
     facts: dict  # for the manifest: the evaluation sets' counts (the job adds the tokenizer's)
     clear_outputs: list[str]  # output directories whose earlier outputs the job deletes first
-    argv: list[str]  # as given, for the rerun command that an error may suggest
     quiet: bool = False
     verbose: bool = False
 
@@ -304,7 +303,7 @@ def prepare(argv: Sequence[str]) -> Plan:
     directories = dict.fromkeys([cfg.output, *(phase.config.output for phase in phases)])
     clear = [directory for directory in directories
              if check_output_dir(directory, cfg.overwrite)]
-    return Plan(options, cfg, phases, facts, clear, list(argv), quiet, verbose)
+    return Plan(options, cfg, phases, facts, clear, quiet, verbose)
 
 
 def run(argv: Sequence[str]) -> PrepConfig:
@@ -407,7 +406,10 @@ def rerun_command(argv: Sequence[str], **changes: str) -> str:
 
 # The last line of a traceback that a worker process sends back as the error's text.
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.MULTILINE)
-_OWN_ERRORS = (ValueError, RejectRateError, RowCountError)  # whose message says what to change
+# Failures that stop a run once its outputs are written, and those whose message says what to
+# change (the others get their class name).
+_STOPPED = {RejectRateError.__name__, RowCountError.__name__}
+_ACTIONABLE = _STOPPED | {ValueError.__name__}
 
 
 def _failure(error: BaseException) -> tuple[str, str]:
@@ -436,28 +438,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     _quiet_beam_logs(verbose)
     try:
         plan = prepare(argv)
-    except ValueError as error:
+    except ValueError as error:  # a bad option or input: the message names it
         if verbose:
             traceback.print_exc()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Exception as error:
+        _fail(argv, error, verbose)
     try:
         execute(plan)
     except Exception as error:
-        _fail(plan, argv, error)
+        _fail(argv, error, verbose)
 
 
-def _fail(plan: Plan, argv: Sequence[str], error: BaseException) -> None:
+def _fail(argv: Sequence[str], error: BaseException, verbose: bool) -> None:
     """One message for a failed run, with what to do next; exit status 1."""
-    if plan.verbose:
+    if verbose:
         traceback.print_exception(error)
     name, message = _failure(error)
-    if name in {cls.__name__ for cls in _OWN_ERRORS[1:]}:
+    if name in _STOPPED:
         advice = (f"the directory holds this run's partial outputs; once the inputs or the "
                   f"option are changed, run again with --overwrite=true: "
                   f"{rerun_command(argv, overwrite='true')}")
     else:
         advice = "run again with --verbose for the traceback"
-    text = message if name in {cls.__name__ for cls in _OWN_ERRORS} else f"{name}: {message}"
+    text = message if name in _ACTIONABLE else f"{name}: {message}"
     print(f"error: {text}\n{advice}", file=sys.stderr)
     sys.exit(1)
