@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import math
+import os
+import re
+import shlex
 import sys
-from collections.abc import Sequence
+import tempfile
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 import apache_beam as beam
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+)
 from apache_beam.runners.runner import PipelineRunner
 
-from beam_pipeline import beam_internals
+from beam_pipeline import beam_internals, progress
 from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config_from_options
 from beam_pipeline.report import publish
 from transforms.classify import ClassifyRecords
 from transforms.core.records import ShardSpec
-from transforms.core.steps import PARTS, STATS, TailPlan
-from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
+from transforms.core.steps import PARTS, STATS, Part, TailPlan
+from transforms.core.tokenizer import check_tokenizer, load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import (
     BRANCHES,
     FILTERED,
@@ -30,7 +43,7 @@ from transforms.core.vocabulary import (
 )
 from transforms.curation.decontam import eval_index
 from transforms.instruction.branch import InstructionBranch
-from transforms.instruction.chat_template import check_system_prompt
+from transforms.instruction.chat_template import SYSTEM_NONE, check_system_prompt
 from transforms.io.manifest import (
     MANIFEST_NAME,
     RejectRateError,
@@ -39,15 +52,17 @@ from transforms.io.manifest import (
     sum_counters,
     summary_lines,
 )
-from transforms.io.read_inputs import ReadInputs
-from transforms.io.readers import plan_shards
+from transforms.io.read_inputs import ReadInputs, check_field_mappings
+from transforms.io.readers import InputPlan, large_compressed_advice, plan_inputs
 from transforms.io.writers import (
     OUTPUT_KINDS,
+    PARQUET_KINDS,
     PHASES_NAME,
     STAGING_DIR,
+    ClearPreviousRun,
     StagePart,
     WriteOutputs,
-    prepare_output_dir,
+    check_output_dir,
 )
 from transforms.knowledge.branch import (
     KnowledgeBranch,
@@ -61,6 +76,7 @@ OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 TAILS_DIR = "tails"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
+CONSOLE_GROUP = "terminal output (local runs)"
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # Beam's DirectRunner first tries the Prism runner, downloading its binary from GitHub. Prism
 # ignores --direct_running_mode, and offline the attempt costs half a second before Beam falls
@@ -77,10 +93,16 @@ def tail_plan(cfg: PrepConfig, shards: Sequence[ShardSpec], branch: str) -> Tail
 
 
 def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
-                shards: Sequence[ShardSpec], facts: dict) -> beam.PCollection:
+                shards: Sequence[ShardSpec], facts: dict, started: beam.PCollection,
+                shard_bytes: Sequence[int] | None = None) -> beam.PCollection:
     """Read -> classify -> the two branches -> sharded files and manifest.json (whose path is
-    the returned PCollection's one element)."""
-    chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB)
+    the returned PCollection's one element). ``started`` is the job's first step
+    (``ClearPreviousRun``): output files are written only once it is done."""
+    fields = started | "CheckTokenizer" >> beam.Map(
+        _manifest_fields, cfg.tokenizer, cfg.instruction.chat_template,
+        {"config": cfg.as_dict(), **facts})
+    chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB,
+                                            shard_bytes)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
     second_read = SecondRead(tuple(shards), tuple(cfg.inputs), cfg.chunk_records,
                              cfg.max_record_mb * MIB, FileSystems.join(cfg.output, STAGING_DIR))
@@ -97,14 +119,39 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     # stages' outputs, which would hold every output row in memory at once.
     stage = StagePart(FileSystems.join(cfg.output, STAGING_DIR),
                       skip=() if cfg.write_filtered else (FILTERED,))
-    staged = [parts | f"Stage {_step_label(parts)}" >> beam.ParDo(stage)
+    staged = [parts
+              | f"Count {_step_label(parts)}" >> beam.Map(_count_tokens)
+              | f"Stage {_step_label(parts)}" >> beam.ParDo(stage)
               for parts in (routed[PARTS], *knowledge_parts, *instruction_parts)]
     stats = ((routed[STATS], knowledge_stats, instruction_stats)
              | "AllStats" >> beam.Flatten()
              | "SumStats" >> beam.CombineGlobally(sum_counters))
-    return (staged | "AllStaged" >> beam.Flatten(), stats) | "WriteOutputs" >> WriteOutputs(
+    after_start = (staged
+                   | "AllStaged" >> beam.Flatten()
+                   | "AfterJobStart" >> beam.Map(_after, beam.pvalue.AsSingleton(fields)))
+    return (after_start, stats) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
-        {"config": cfg.as_dict(), **facts})
+        beam.pvalue.AsSingleton(fields))
+
+
+def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,
+                     fields: dict) -> dict:
+    """The manifest's facts with the tokenizer's identity, found inside the job: the launcher
+    only checks ``--tokenizer`` cheaply (``check_tokenizer``)."""
+    return {**fields, "tokenizer": tokenizer_identity(load_tokenizer(tokenizer, chat_template))}
+
+
+def _after(element: object, _: object) -> object:
+    """``element`` unchanged, once the side input (the job's first step) exists."""
+    return element
+
+
+def _count_tokens(part: Part) -> Part:
+    """Counts the tokens of training rows for the progress line, and passes the part on."""
+    if part.kind in PARQUET_KINDS and part.table.num_rows:
+        tokens = pc.sum(pc.list_value_length(part.table["input_ids"])).as_py() or 0
+        progress.count(tokens_written=tokens)
+    return part
 
 
 def _step_label(pcoll: beam.PCollection) -> str:
@@ -115,13 +162,15 @@ def _step_label(pcoll: beam.PCollection) -> str:
 class PreparePhase(beam.PTransform):
     """One curriculum phase's whole graph, under its own label and output directory."""
 
-    def __init__(self, phase: Phase, facts: dict):
+    def __init__(self, phase: Phase, facts: dict, started: beam.PCollection):
         super().__init__()
         self.phase = phase
         self.facts = facts
+        self.started = started
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        return build_graph(pbegin, self.phase.config, self.phase.shards, self.facts)
+        return build_graph(pbegin, self.phase.config, self.phase.inputs.shards, self.facts,
+                           self.started, self.phase.inputs.shard_bytes)
 
 
 def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) -> str:
@@ -148,11 +197,19 @@ def argument_parser() -> argparse.ArgumentParser:
         parser, "Beam options (runner, Dataflow, worker environment, ...)")
     for cls in OWN_OPTIONS:
         cls._add_argparse_args(parser)
+    console = parser.add_argument_group(CONSOLE_GROUP)
+    console.add_argument("--quiet", action="store_true",
+                         help="Print no progress while a local run works (the summary still "
+                              "comes at the end).")
+    console.add_argument("--verbose", action="store_true",
+                         help="On failure, print the full traceback and Beam's own log lines "
+                              "as well as the one-line error.")
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         if cls not in OWN_OPTIONS:
             cls._add_argparse_args(parser)
     # List our groups first in --help, ahead of Beam's many options.
-    beam_internals.order_groups(parser, lambda group: group.title not in OWN_GROUPS)
+    beam_internals.order_groups(
+        parser, lambda group: group.title not in (*OWN_GROUPS, CONSOLE_GROUP))
     return parser
 
 
@@ -162,7 +219,11 @@ class Phase:
 
     name: str | None
     config: PrepConfig
-    shards: list[ShardSpec]
+    inputs: InputPlan
+
+    @property
+    def shards(self) -> list[ShardSpec]:
+        return self.inputs.shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +233,10 @@ class Plan:
     options: PipelineOptions
     config: PrepConfig
     phases: list[Phase]
-    facts: dict  # for the manifest: the tokenizer's identity, the evaluation sets' counts
+    facts: dict  # for the manifest: the evaluation sets' counts (the job adds the tokenizer's)
+    clear_outputs: list[str]  # output directories whose earlier outputs the job deletes first
+    quiet: bool = False
+    verbose: bool = False
 
     @property
     def runner(self) -> str:
@@ -181,6 +245,11 @@ class Plan:
     @property
     def shards(self) -> list[ShardSpec]:
         return [shard for phase in self.phases for shard in phase.shards]
+
+    @property
+    def planned(self) -> progress.Planned:
+        return progress.Planned(len(self.shards),
+                                sum(phase.inputs.total_bytes for phase in self.phases))
 
 
 def plan_phases(cfg: PrepConfig) -> list[Phase]:
@@ -204,27 +273,42 @@ def plan_phases(cfg: PrepConfig) -> list[Phase]:
     for name, phase_cfg in phases:
         for branch in BRANCHES:  # a wrong weight or a missing declaration fails here
             phase_cfg.curation.for_branch(branch, phase_cfg.inputs)
-        result.append(Phase(name, phase_cfg, plan_shards(list(phase_cfg.inputs))))
+        inputs = plan_inputs(list(phase_cfg.inputs))
+        for spec in phase_cfg.inputs:  # a field mapping the input does not have fails here
+            check_field_mappings(spec, inputs.first_files[spec.index])
+        if inputs.large_compressed:
+            LOG.warning("%s", large_compressed_advice(inputs.large_compressed))
+        result.append(Phase(name, phase_cfg, inputs))
     return result
 
 
+def _console_flags(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
+    """``argv`` without the launcher's own --quiet and --verbose, and their values."""
+    rest = [arg for arg in argv if arg not in ("--quiet", "--verbose")]
+    return rest, "--quiet" in argv, "--verbose" in argv
+
+
 def prepare(argv: Sequence[str]) -> Plan:
-    """Parses and validates options, loads the tokenizer, plans shards, checks the output."""
+    """Parses and validates options, checks the tokenizer and the output directory cheaply, and
+    plans shards from glob expansion: nothing here grows with the number of input files beyond
+    listing them (Parquet footers, the tokenizer and the earlier outputs are the job's work)."""
     argument_parser().parse_args(argv)  # --help, unknown options and bad values stop here
-    options = PipelineOptions(argv)
+    pipeline_argv, quiet, verbose = _console_flags(argv)
+    options = PipelineOptions(pipeline_argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
-    check_system_prompt(tokenizer, cfg.instruction.system_prompt)
-    facts = {"tokenizer": tokenizer_identity(tokenizer)}
+    check_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
+    if cfg.instruction.system_prompt == SYSTEM_NONE:  # whether it can be honoured: before work
+        check_system_prompt(load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template),
+                            SYSTEM_NONE)
     phases = plan_phases(cfg)
+    facts = {}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
-    prepare_output_dir(cfg.output, cfg.overwrite)
-    for phase in phases:
-        if phase.name is not None:
-            prepare_output_dir(phase.config.output, cfg.overwrite)
-    return Plan(options, cfg, phases, facts)
+    directories = dict.fromkeys([cfg.output, *(phase.config.output for phase in phases)])
+    clear = [directory for directory in directories
+             if check_output_dir(directory, cfg.overwrite)]
+    return Plan(options, cfg, phases, facts, clear, quiet, verbose)
 
 
 def run(argv: Sequence[str]) -> PrepConfig:
@@ -239,48 +323,152 @@ def local_runner(plan: Plan) -> PipelineRunner | None:
     return beam_internals.fn_api_runner(plan.options)
 
 
-def execute(plan: Plan) -> PrepConfig:
-    """Builds and runs the graph; on a local runner waits and prints the summary."""
+def build_pipeline(plan: Plan) -> beam.Pipeline:
+    """The whole job's graph, built from the plan alone (no file is opened here)."""
     cfg = plan.config
-    LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
-             len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
     pipeline = beam.Pipeline(runner=local_runner(plan), options=plan.options)
+    started = pipeline | "ClearPreviousRun" >> ClearPreviousRun(plan.clear_outputs)
     if plan.phases[0].name is None:
-        build_graph(pipeline, cfg, plan.phases[0].shards, plan.facts)
+        phase = plan.phases[0]
+        build_graph(pipeline, cfg, phase.shards, plan.facts, started, phase.inputs.shard_bytes)
     else:
-        manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.facts)
+        manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.facts, started)
                      for phase in plan.phases]
         _ = (manifests
              | "AllPhases" >> beam.Flatten()
              | "CollectPhases" >> beam.combiners.ToList()
              | "WritePhases" >> beam.Map(_write_phases, cfg.output, plan.phases))
-    result = pipeline.run()
-    if plan.runner in LOCAL_RUNNERS:
-        result.wait_until_finish()
-        for phase in plan.phases:
-            if phase.name is not None:
-                print(f"phase {phase.name} ({phase.config.output}):")
-            for line in summary_lines(read_manifest(phase.config.output)):
-                print(line)
-            print(publish(phase.config.output))  # the dataset card, and a line naming the report
-    else:
+    return pipeline
+
+
+def execute(plan: Plan) -> PrepConfig:
+    """Builds and runs the graph; on a local runner shows progress, waits and prints the
+    summary."""
+    cfg = plan.config
+    LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
+             len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
+    pipeline = build_pipeline(plan)
+    if plan.runner not in LOCAL_RUNNERS:
+        pipeline.run()
         LOG.info("submitted to %s; the job writes %s/manifest.json when it completes (then "
                  "python -m beam_pipeline.report %s writes the report and dataset card)",
                  plan.runner, cfg.output, cfg.output)
+        return cfg
+    with _console(plan) as console, _progress(plan, console):
+        pipeline.run().wait_until_finish()
+    for phase in plan.phases:
+        if phase.name is not None:
+            print(f"phase {phase.name} ({phase.config.output}):")
+        manifest = read_manifest(phase.config.output)
+        for line in (*summary_lines(manifest), *empty_input_warnings(manifest)):
+            print(line)
+        print(publish(phase.config.output))  # the dataset card, and a line naming the report
     return cfg
+
+
+@contextlib.contextmanager
+def _progress(plan: Plan, console: TextIO) -> Iterator[None]:
+    if plan.quiet:
+        yield
+        return
+    with progress.ProgressReporter(plan.planned, console):
+        yield
+
+
+@contextlib.contextmanager
+def _console(plan: Plan) -> Iterator[TextIO]:
+    """The terminal's stderr for the launcher's own lines while the run works. Beam's
+    ``multi_processing`` worker processes print a failing step's traceback straight to the
+    stderr they inherit, so, unless --verbose, the workers are started with theirs sent to a
+    file (deleted after the run); the launcher then reports the failure once."""
+    mode = plan.options.view_as(DirectOptions).direct_running_mode
+    if plan.verbose or mode != "multi_processing":
+        yield sys.stderr
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as workers_log, os.fdopen(os.dup(saved), "w") as console:
+        os.dup2(workers_log.fileno(), 2)
+        try:
+            yield console
+        finally:
+            console.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def empty_input_warnings(manifest: dict) -> list[str]:
+    """A warning for each input that gave no record: an empty file, or a pattern that matched
+    only empty files, passes otherwise unnoticed."""
+    return [f"warning: --input {entry['pattern']} read 0 records (its files are empty)"
+            for entry in manifest.get("inputs", []) if entry.get("read") == 0]
+
+
+def rerun_command(argv: Sequence[str], **changes: str) -> str:
+    """The command that was run, with ``changes`` as options (replacing the same options)."""
+    kept = [arg for arg in argv if arg.split("=", 1)[0].removeprefix("--") not in changes]
+    added = [f"--{name}={value}" for name, value in changes.items()]
+    return shlex.join(["python", "-m", "beam_pipeline", *kept, *added])
+
+
+# The last line of a traceback that a worker process sends back as the error's text.
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.MULTILINE)
+# Failures that stop a run once its outputs are written, and those whose message says what to
+# change (the others get their class name).
+_STOPPED = {RejectRateError.__name__, RowCountError.__name__}
+_ACTIONABLE = _STOPPED | {ValueError.__name__}
+
+
+def _failure(error: BaseException) -> tuple[str, str]:
+    """The failing exception's class name and its one-line message. A worker process's failure
+    reaches the launcher as a RuntimeError holding the worker's traceback: the last exception
+    line of it is the failure. Beam's ``[while running 'STEP']`` suffix is dropped."""
+    name, message = type(error).__name__, str(error).strip()
+    if "Traceback (most recent call last)" in message:
+        found = _EXCEPTION_LINE.findall(message)
+        if found:
+            name, message = found[-1][0].rsplit(".", 1)[-1], found[-1][1]
+    return name, re.sub(r"\s*\[while running '[^']*'\]\s*$", "", message)
+
+
+def _quiet_beam_logs(verbose: bool) -> None:
+    """Beam logs a failing step's exception with its traceback before re-raising it; the
+    launcher prints that failure once itself, so Beam's log lines show only with --verbose."""
+    logging.getLogger("apache_beam").setLevel(logging.INFO if verbose else logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     LOG.setLevel(logging.INFO)
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv
+    _quiet_beam_logs(verbose)
     try:
         plan = prepare(argv)
-    except ValueError as error:
+    except ValueError as error:  # a bad option or input: the message names it
+        if verbose:
+            traceback.print_exc()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Exception as error:
+        _fail(argv, error, verbose)
     try:
         execute(plan)
-    except (RejectRateError, RowCountError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    except Exception as error:
+        _fail(argv, error, verbose)
+
+
+def _fail(argv: Sequence[str], error: BaseException, verbose: bool) -> None:
+    """One message for a failed run, with what to do next; exit status 1."""
+    if verbose:
+        traceback.print_exception(error)
+    name, message = _failure(error)
+    if name in _STOPPED:
+        advice = (f"the directory holds this run's partial outputs; once the inputs or the "
+                  f"option are changed, run again with --overwrite=true: "
+                  f"{rerun_command(argv, overwrite='true')}")
+    else:
+        advice = "run again with --verbose for the traceback"
+    text = message if name in _ACTIONABLE else f"{name}: {message}"
+    print(f"error: {text}\n{advice}", file=sys.stderr)
+    sys.exit(1)

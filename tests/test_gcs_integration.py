@@ -30,7 +30,7 @@ from tests.support.gcs import (
     storage_emulator,
     use_in_process,
 )
-from transforms.io.writers import prepare_output_dir
+from transforms.io.writers import check_output_dir, clear_previous_outputs
 
 BUCKET = "dataprep-test"
 TEMPLATE = ROOT / "tests" / "data" / "templates" / "chatml.jinja"
@@ -213,14 +213,15 @@ def test_a_second_run_without_overwrite_is_refused_and_changes_nothing(
 
 def test_prepare_output_dir_matches_objects_under_gcs_prefixes(cloud):
     output = f"gs://{BUCKET}/prepare-check"
-    prepare_output_dir(output, overwrite=False)  # nothing there yet
+    assert check_output_dir(output, overwrite=False) is False  # nothing there yet
     for name in ("pretrain/part-00000-of-00001.parquet", "rejected/part-00000-of-00001.jsonl",
                  "keep/me.txt", "pretrain-notes.txt"):
         with FileSystems.create(f"{output}/{name}") as handle:
             handle.write(b"x")
     with pytest.raises(ValueError, match=r"prepare-check/pretrain, .*prepare-check/rejected"):
-        prepare_output_dir(output, overwrite=False)
-    prepare_output_dir(output, overwrite=True)
+        check_output_dir(output, overwrite=False)
+    assert check_output_dir(output, overwrite=True) is True
+    assert clear_previous_outputs(output) == 2
     assert list_objects(output) == [f"{output}/keep/me.txt", f"{output}/pretrain-notes.txt"]
 
 

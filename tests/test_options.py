@@ -98,7 +98,7 @@ def test_inputs_repeat_or_come_comma_separated_with_declarations(tmp_path):
     assert plan.config.instruction.train_end_of_turn is False
     assert plan.config.instruction.seq_len == 4096
     assert plan.options.view_as(InstructionOptions).seq_len == 4096
-    assert plan.facts["tokenizer"]["name"] == "qwen2-offline"
+    assert plan.config.tokenizer in (None, "qwen2-offline")  # the job loads it (light launcher)
     assert len(plan.shards) == 3
 
 

@@ -6,17 +6,20 @@ references: the tokenizer's own decoding, the readers' records and the manifest'
 """
 
 import json
+import os
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from beam_pipeline import progress
 from beam_pipeline.pipeline import run
 from tests.conftest import EXAMPLES, SHARED_DATA, require_shared_data
 from transforms.core.records import InputSpec
-from transforms.io.readers import plan_shards, read_shard
+from transforms.io.readers import parse_input_spec, plan_inputs, plan_shards, read_shard
 
 require_shared_data()
 
@@ -45,10 +48,22 @@ def run_pipeline(output, *extra: str) -> dict:
         "--chunk_records=500",
         # The reference below is the raw documents: no cleaning, filtering or deduplication.
         "--normalize=false", "--quality_filter=false", "--dedup=none",
+        "--quiet",  # no reporter: the counts go to the side channel named below
         *extra,
     ]
-    run(args)
+    # The side channel of progress.ProgressReporter, kept: the tests read the final counts.
+    counters = output.parent / f"{output.name}-progress"
+    counters.mkdir()
+    os.environ[progress.PROGRESS_DIR_ENV] = str(counters)
+    try:
+        run(args)
+    finally:
+        os.environ.pop(progress.PROGRESS_DIR_ENV)
+    PROGRESS[output] = progress.read_totals(str(counters))
     return json.loads((output / "manifest.json").read_text())
+
+
+PROGRESS: dict[Path, dict[str, int]] = {}  # each run's final progress counts
 
 
 def read_kind(output, kind: str) -> pa.Table:
@@ -210,12 +225,16 @@ def test_only_assistant_turns_carry_loss(in_memory, qwen_tokenizer):
     assert runs >= 999 + 1319
 
 
-def test_multi_processing_writes_the_same_rows(in_memory, tmp_path):
+@pytest.fixture(scope="module")
+def multi_processing(tmp_path_factory):
+    output = tmp_path_factory.mktemp("multi") / "out"
+    return output, run_pipeline(
+        output, "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+
+
+def test_multi_processing_writes_the_same_rows(in_memory, multi_processing):
     output, manifest = in_memory
-    other = tmp_path / "multi"
-    other_manifest = run_pipeline(
-        other, "--direct_running_mode=multi_processing", "--direct_num_workers=2"
-    )
+    other, other_manifest = multi_processing
     assert other_manifest["records"] == manifest["records"]
     for kind in ("pretrain", "sft"):
         for mine, theirs in zip(
@@ -228,13 +247,37 @@ def test_multi_processing_writes_the_same_rows(in_memory, tmp_path):
         assert mine.read_text() == theirs.read_text()
 
 
-def test_the_direct_runner_goes_straight_to_the_fn_api_runner(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+def test_progress_counts_what_was_read_and_written_in_both_running_modes(mode, request):
+    """The counts the progress line shows, summed from every worker process's side-channel
+    file, equal the manifest's records, the inputs' bytes and shards, and the tokens in the
+    output files."""
+    output, manifest = request.getfixturevalue(mode)
+    counts = PROGRESS[output]
+    plan = plan_inputs([parse_input_spec(i, value) for i, value in enumerate(INPUTS)])
+    sizes = sum(os.path.getsize(value.partition("#")[0]) for value in INPUTS)
+    tokens = sum(len(ids) for kind in ("pretrain", "sft")
+                 for ids in read_kind(output, kind)["input_ids"].to_pylist())
+    assert counts == {"records_read": manifest["records"]["read"], "bytes_read": sizes,
+                      "shards_done": len(plan.shards), "tokens_written": tokens}
+    assert plan.total_bytes == sizes
+
+
+def test_the_direct_runner_goes_straight_to_the_fn_api_runner(tmp_path, monkeypatch, capsys):
     """Beam's DirectRunner would first try Prism (a binary downloaded from GitHub, which
-    ignores --direct_running_mode) and fall back quietly when that fails."""
+    ignores --direct_running_mode) and fall back quietly when that fails. Without --quiet the
+    run ends its progress on stderr with the whole input read."""
     from apache_beam.runners.portability.prism_runner import PrismRunner
 
     tried = []
     monkeypatch.setattr(PrismRunner, "run_pipeline", lambda *args: tried.append(args))
     run([f"--input={EXAMPLES}/c4_sample.jsonl", f"--output={tmp_path}", "--block_size=256"])
     assert not tried
-    assert json.loads((tmp_path / "manifest.json").read_text())["records"]["read"] > 0
+    read = json.loads((tmp_path / "manifest.json").read_text())["records"]["read"]
+    assert read > 0
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("progress: ")]
+    size = (EXAMPLES / "c4_sample.jsonl").stat().st_size
+    assert lines[-1].startswith(f"progress: {read:,} records read (1/1 shards, "
+                                f"{size / 1000:.1f} KB of {size / 1000:.1f} KB, 100%), ")
+    assert lines[-1].endswith(", all input read")

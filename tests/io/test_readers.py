@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import lzma
+import os
 import pickle
 import tempfile
 import tracemalloc
@@ -41,6 +42,7 @@ from transforms.core.vocabulary import (
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
 )
+from transforms.io import readers
 from transforms.io.readers import (
     MAX_JSON_DEPTH,
     file_format,
@@ -638,6 +640,37 @@ def test_text_bad_lines_and_paragraphs(tmp_path):
     assert (whole.error[0], whole.raw[:4]) == (INVALID_UTF8, "good")
     (big,) = read_all(path, max_record_bytes=100)
     assert big.error[0] == RECORD_TOO_LARGE
+
+
+def test_a_record_too_large_names_the_option_that_sets_the_limit(tmp_path):
+    """The message names --max_record_mb, the option a user can change, not an internal name."""
+    path = write(tmp_path / "t.jsonl", b'{"text": "' + b"z" * 3_000_000 + b'"}\n{"text": "ok"}\n')
+    limit = 2 << 20
+    big, ok = read_all(path, max_record_bytes=limit)
+    assert big.error == (RECORD_TOO_LARGE, "line of 3000012 bytes exceeds --max_record_mb=2 "
+                                           "(2,097,152 bytes)")
+    assert ok.value == {"text": "ok"}
+    (whole,) = read_all(str(tmp_path / "t.jsonl") + "#format=text", max_record_bytes=limit)
+    assert whole.error == (RECORD_TOO_LARGE, "file exceeds --max_record_mb=2 (2,097,152 bytes)")
+
+
+def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monkeypatch):
+    """plan_inputs works from glob expansion alone (Parquet stays whole: its footer is read in
+    the job) and lists the compressed files over LARGE_COMPRESSED_BYTES for the warning."""
+    parquet, _ = parquet_file(tmp_path)
+    big = write(tmp_path / "big.jsonl.zst", b"x" * 100)
+    small = write(tmp_path / "small.jsonl.gz", b"x" * 10)
+    monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 50)
+    monkeypatch.setattr(readers, "_open", None)  # any read would fail
+    monkeypatch.setattr(readers.FileSystems, "open", None)
+    plan = readers.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
+    assert plan.shards == [ShardSpec(0, big, "jsonl"), ShardSpec(0, parquet, "parquet"),
+                           ShardSpec(0, small, "jsonl")]
+    assert plan.shard_bytes == [100, os.path.getsize(parquet), 10]
+    assert plan.large_compressed == [(big, 100)]
+    advice = readers.large_compressed_advice(plan.large_compressed)
+    assert advice.startswith(f"1 compressed input file(s) over 0 GiB (largest {big}, 0.0 GiB)")
+    assert advice.endswith("see docs/inputs-at-scale.md")
 
 
 @pytest.mark.parametrize("suffix", [".gz", ".zst"])

@@ -12,8 +12,9 @@ from transforms.io.writers import (
     StagedFile,
     StagePart,
     WriteOutputFile,
+    check_output_dir,
+    clear_previous_outputs,
     plan_output_files,
-    prepare_output_dir,
     reconcile_staged,
     write_arrow,
 )
@@ -81,17 +82,29 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
     ]
 
 
+def prepare_output_dir(output: str, overwrite: bool) -> None:
+    """The launcher's check, then the job's first step, as a run does them."""
+    if check_output_dir(output, overwrite):
+        clear_previous_outputs(output)
+
+
 def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
-    prepare_output_dir(str(tmp_path), overwrite=False)  # empty: fine
+    assert check_output_dir(str(tmp_path), overwrite=False) is False  # empty: fine
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
     (tmp_path / "manifest.json").write_text("{}")
     (tmp_path / "report.html").write_text("<!DOCTYPE html>")  # the data report and card
     (tmp_path / "README.md").write_text("---\n---\n")
+    (tmp_path / ".staging" / "sft").mkdir(parents=True)
+    (tmp_path / ".staging" / "sft" / "a.arrow").write_bytes(b"a failed run's")
     (tmp_path / "unrelated.txt").write_text("keep me")
     with pytest.raises(ValueError, match="--overwrite"):
-        prepare_output_dir(str(tmp_path), overwrite=False)
-    prepare_output_dir(str(tmp_path), overwrite=True)
+        check_output_dir(str(tmp_path), overwrite=False)
+    # The launcher deletes only a failed run's staging directory; the job deletes the rest.
+    assert check_output_dir(str(tmp_path), overwrite=True) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md", "manifest.json", "report.html", "sft", "unrelated.txt"]
+    assert clear_previous_outputs(str(tmp_path)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
 
 

@@ -23,8 +23,10 @@ import importlib.resources
 import json
 import os
 import shutil
+import socket
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Callable
 from json.encoder import encode_basestring
 
@@ -274,6 +276,72 @@ def read_chat_template(value: str) -> str:
     return _read_text(os.path.expanduser(value) if local else value)
 
 
+HUB_PROBE_SECONDS = 3.0  # how long the launcher waits to learn that the hub is unreachable
+
+
+def check_tokenizer(spec: str | None, chat_template: str | None = None) -> None:
+    """The launcher's cheap check of ``--tokenizer`` and ``--chat_template``; the job loads the
+    tokenizer. A local directory must hold tokenizer files; a hub id must be in the local
+    Hugging Face cache or the hub must answer within ``HUB_PROBE_SECONDS`` (instead of a minute
+    of retries); a ``gs://`` directory is left to the job. Raises ValueError naming the option.
+    """
+    spec = spec or DEFAULT_TOKENIZER
+    if chat_template is not None:
+        try:
+            read_chat_template(chat_template)
+        except (ValueError, OSError) as error:
+            raise ValueError(f"--chat_template: {error}") from error
+    if spec == DEFAULT_TOKENIZER or "://" in spec:
+        return
+    if _looks_like_path(spec):
+        _tokenizer_directory(spec)
+        return
+    if _hub_cached(spec):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        reason = _unreachable(endpoint)
+    if reason:
+        raise ValueError(
+            f"--tokenizer {spec!r}: not in the local Hugging Face cache and the hub "
+            f"({endpoint}) cannot be reached ({reason}); pass a local or gs:// tokenizer "
+            f"directory, or leave --tokenizer out for the offline default {DEFAULT_TOKENIZER}")
+
+
+def _hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "tokenizer_config.json")
+    except ValueError:  # not a valid repository id
+        return False
+    return isinstance(found, str)
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` cannot be reached in ``HUB_PROBE_SECONDS``, or None when it answers."""
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as error:
+        return str(error) or type(error).__name__
+    return None
+
+
+def _tokenizer_directory(spec: str) -> str:
+    """The absolute local directory ``spec`` names, which must hold tokenizer files."""
+    directory = os.path.abspath(os.path.expanduser(spec))
+    if not os.path.isdir(directory):
+        raise ValueError(f"--tokenizer: directory {spec!r} does not exist")
+    if not any(os.path.exists(os.path.join(directory, f)) for f in _TOKENIZER_FILES):
+        raise ValueError(f"--tokenizer: {spec!r} holds none of the tokenizer files "
+                         f"{', '.join(_TOKENIZER_FILES)}")
+    return directory
+
+
 def _auto_from_pretrained(source: str) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer  # imports torch where it is installed
 
@@ -286,11 +354,7 @@ def _load_uncached(spec: str) -> PreTrainedTokenizerFast:
     elif "://" in spec:
         tok = _auto_from_pretrained(_fetch_remote_dir(spec))
     elif _looks_like_path(spec):
-        directory = os.path.abspath(os.path.expanduser(spec))
-        if not os.path.isdir(directory):
-            raise ValueError(f"tokenizer directory {spec!r} does not exist")
-        if not any(os.path.exists(os.path.join(directory, f)) for f in _TOKENIZER_FILES):
-            raise ValueError(f"{spec!r} holds none of the tokenizer files {_TOKENIZER_FILES}")
+        directory = _tokenizer_directory(spec)
         tok = _auto_from_pretrained(directory)
         spec = directory
     else:

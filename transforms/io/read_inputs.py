@@ -1,33 +1,160 @@
-"""ReadInputs: planned shards in, ordered record chunks out.
+"""ReadInputs: planned shards in, ordered record chunks out; and the planning-time check of
+declared field mappings.
 
-The shard list is computed when the graph is built, so it depends only on the inputs; the
-shards are spread over workers and each is read end to end into chunks (seqio's
-``Create(shards) | FlatMap(read)`` pattern), so no data-sized shuffle is needed.
+The shard list is computed when the graph is built from glob expansion alone, so it depends
+only on the inputs; the shards are spread over workers, a whole Parquet file is cut into
+row-group ranges there (its footer is read inside the job, not by the launcher), and each shard
+is read end to end into chunks (seqio's ``Create(shards) | FlatMap(read)`` pattern), so no
+data-sized shuffle is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.records import RecordChunk, ShardSpec
-from transforms.io.readers import read_shard
+from beam_pipeline import progress
+from transforms.classify import apply_field_map
+from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
+from transforms.io.readers import (
+    DEFAULT_TARGET_SHARD_BYTES,
+    file_format,
+    read_shard,
+    split_shard,
+)
+
+MAPPING_CHECK_RECORDS = 20  # first records of an input on which declared fields must appear
+MAPPING_CHECK_MAX_JSON_BYTES = 64 << 20  # a JSON array is parsed whole; larger ones go unchecked
 
 
 class ReadInputs(beam.PTransform):
-    def __init__(self, shards: Sequence[ShardSpec], chunk_records: int, max_record_bytes: int):
+    """Reads the shards; with ``shard_bytes`` (the main read, not deduplication's first pass)
+    it also counts the run's progress: records, bytes of the planned total, shards done."""
+
+    def __init__(self, shards: Sequence[ShardSpec], chunk_records: int, max_record_bytes: int,
+                 shard_bytes: Sequence[int] | None = None,
+                 target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES):
         super().__init__()
         self.shards = list(shards)
         self.chunk_records = chunk_records
         self.max_record_bytes = max_record_bytes
+        self.shard_bytes = None if shard_bytes is None else list(shard_bytes)
+        self.target_shard_bytes = target_shard_bytes  # for cutting Parquet into row groups
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        sizes = self.shard_bytes or [0] * len(self.shards)
         return (
             pbegin
-            | "ListShards" >> beam.Create(self.shards)
+            | "ListShards" >> beam.Create([_PlannedShards(tuple(
+                (shard, size, True) for shard, size in zip(self.shards, sizes, strict=True)))])
+            | "EachShard" >> beam.FlatMap(lambda planned: planned.items)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "SplitParquet" >> beam.FlatMap(_split, self.target_shard_bytes)
             | "SpreadShards" >> beam.Reshuffle()
-            | "ReadShards" >> beam.FlatMap(read_shard, chunk_records=self.chunk_records,
-                                           max_record_bytes=self.max_record_bytes,
-                                           ).with_output_types(RecordChunk)
+            | "ReadShards" >> beam.FlatMap(
+                _read, chunk_records=self.chunk_records, max_record_bytes=self.max_record_bytes,
+                counted=self.shard_bytes is not None).with_output_types(RecordChunk)
         )
+
+
+# (shard, bytes it stands for, whether it ends a planned shard): a planned Parquet file counts
+# as done when its last row-group range is read.
+_Planned = tuple[ShardSpec, int, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlannedShards:
+    """The planned shards as one element. Given a list, ``beam.Create`` infers a type for and
+    encodes each element when the graph is built: about 10 s for 100,000 shards, against one
+    pickle for this one element (``bench/bench_launch.py``)."""
+
+    items: tuple[_Planned, ...]
+
+
+def _split(planned: _Planned, target_shard_bytes: int) -> list[_Planned]:
+    """A whole Parquet file's row-group ranges, the file's bytes shared among them."""
+    shard, nbytes, _ = planned
+    parts = split_shard(shard, target_shard_bytes)
+    return [(part, nbytes // len(parts) + (i < nbytes % len(parts)), i == len(parts) - 1)
+            for i, part in enumerate(parts)]
+
+
+def _read(planned: _Planned, chunk_records: int, max_record_bytes: int,
+          counted: bool) -> Iterator[RecordChunk]:
+    shard, nbytes, ends_planned = planned
+    chunks = read_shard(shard, chunk_records=chunk_records, max_record_bytes=max_record_bytes)
+    if not counted:
+        yield from chunks
+        return
+    # Line formats' positions are byte offsets: the bytes read so far within the shard.
+    line_based = shard.format == "jsonl" or (shard.format == "text" and shard.text_unit != "file")
+    done = 0
+    for chunk in chunks:
+        reached = min(nbytes, chunk.records[-1].position - shard.start) if line_based else done
+        progress.count(records_read=len(chunk.records), bytes_read=max(0, reached - done))
+        done = max(done, reached)
+        yield chunk
+    progress.count(bytes_read=nbytes - done, shards_done=int(ends_planned))
+
+
+def check_field_mappings(spec: InputSpec, path: str) -> None:
+    """Fails when a field declared on ``--input`` (``text=sentence1``) is absent from every one
+    of the first records of the input's first file, before any work is done."""
+    field_map = dict(spec.fields)
+    fmt = spec.format or file_format(path)
+    if not field_map or _too_big_to_peek(path, fmt):
+        return
+    shard = ShardSpec(spec.index, path, fmt, text_unit=spec.text_unit if fmt == "text" else "file")
+    try:
+        chunks = list(_first_chunks(shard))
+    except (OSError, pa.ArrowException):
+        return  # unreadable now: the job reports the file as unreadable_file
+    values = [record.value for chunk in chunks for record in chunk.records
+              if record.error is None and isinstance(record.value, dict)]
+    if not values:
+        return
+    missing: set[str] = set()
+    for value in values:
+        try:
+            apply_field_map(value, field_map)
+            return  # one record has every declared field: the mapping fits the input
+        except KeyError as error:
+            missing.update(str(error.args[0]).split(", "))
+    declared = ";".join(f"{k}={v}" for k, v in spec.fields if v in missing)
+    raise ValueError(
+        f"--input {spec.pattern!r}: declared field(s) {declared} not found in the first "
+        f"{len(values)} record(s) of {path}, whose fields are {', '.join(sorted(values[0]))}; "
+        f"change the mapping after '#'")
+
+
+def _first_chunks(shard: ShardSpec) -> Iterator[RecordChunk]:
+    if shard.format == "parquet":
+        yield from _first_parquet_rows(shard)
+        return
+    yield next(read_shard(shard, chunk_records=MAPPING_CHECK_RECORDS), RecordChunk("", ()))
+
+
+def _first_parquet_rows(shard: ShardSpec) -> Iterator[RecordChunk]:
+    """Parquet's first rows from its first row group only (a bounded read)."""
+    with FileSystems.open(shard.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        parquet = pq.ParquetFile(f)
+        if parquet.metadata.num_row_groups == 0:
+            return
+        batch = next(parquet.iter_batches(batch_size=MAPPING_CHECK_RECORDS, row_groups=[0]),
+                     None)
+    if batch is not None:
+        yield RecordChunk("", tuple(Record(shard.path, i, shard.input_index, value=row)
+                                    for i, row in enumerate(batch.to_pylist())))
+
+
+def _too_big_to_peek(path: str, fmt: str) -> bool:
+    if fmt != "json":
+        return False
+    (meta,) = FileSystems.match([path])[0].metadata_list
+    return meta.size_in_bytes > MAPPING_CHECK_MAX_JSON_BYTES

@@ -24,6 +24,7 @@ import io
 import itertools
 import json
 import lzma
+import os
 import posixpath
 import re
 import zlib
@@ -63,6 +64,10 @@ DEFAULT_TARGET_SHARD_BYTES = 64 * MiB
 DEFAULT_CHUNK_RECORDS = 1000
 DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
+# One compressed file above this size keeps one worker busy for long (tens of minutes): the
+# planner advises splitting it, pointing at INPUTS_DOC.
+LARGE_COMPRESSED_BYTES = 2 << 30
+INPUTS_DOC = "docs/inputs-at-scale.md"
 
 _SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase", "license")
 # A licence identifier as the Hugging Face dataset card takes it (``apache-2.0``, ``cc-by-4.0``).
@@ -264,48 +269,130 @@ def file_format(path: str) -> str:
 # --------------------------------------------------------------------------- planning
 
 
+@dataclasses.dataclass(frozen=True)
+class InputPlan:
+    """What the launcher learns from glob expansion alone: the shards, the bytes each stands
+    for (for progress), the first file of each input (for the field-mapping check) and the
+    compressed files too large to read fast (one worker reads each)."""
+
+    shards: list[ShardSpec]
+    shard_bytes: list[int]
+    first_files: dict[int, str]
+    large_compressed: list[tuple[str, int]]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.shard_bytes)
+
+
 def plan_shards(
     specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
 ) -> list[ShardSpec]:
-    """Expand the input patterns into a deterministic list of shards.
+    """Expand the input patterns into a deterministic list of shards, Parquet row groups too.
 
-    Runs before any work so that a pattern matching nothing, an unknown extension or a
-    compressed Parquet file stops the job at once. Files are taken in sorted path order; the same
-    specs over the same files always give the same list. Uncompressed JSONL and line/paragraph
-    text are cut into byte ranges and Parquet into row-group ranges of about
-    ``target_shard_bytes`` each; anything else is one shard per file.
+    Files are taken in sorted path order; the same specs over the same files always give the
+    same list. Uncompressed JSONL and line/paragraph text are cut into byte ranges and Parquet
+    into row-group ranges of about ``target_shard_bytes`` each; anything else is one shard per
+    file. The launcher uses ``plan_inputs``, which leaves Parquet footers to the job.
     """
+    plan = plan_inputs(specs, target_shard_bytes)
+    return [part for shard in plan.shards for part in split_shard(shard, target_shard_bytes)]
+
+
+def plan_inputs(
+    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
+) -> InputPlan:
+    """Shards from glob expansion alone: nothing read from the files, so planning costs the
+    same for 10 files or 100,000. A pattern matching nothing, an unknown extension or a
+    compressed Parquet file stops the job here. Parquet files stay whole; ``split_shard``
+    cuts them into row-group ranges inside the job."""
     if target_shard_bytes < 1:
         raise ValueError(f"target_shard_bytes must be positive, got {target_shard_bytes}")
     shards: list[ShardSpec] = []
+    sizes: list[int] = []
+    first_files: dict[int, str] = {}
+    large: list[tuple[str, int]] = []
     for spec in specs:
+        files = _matched_files(spec)
+        first_files[spec.index] = files[0][0]
+        for path, size in files:
+            for shard, nbytes in _plan_file(spec, path, size, target_shard_bytes):
+                shards.append(shard)
+                sizes.append(nbytes)
+            if _compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
+                large.append((path, size))
+    return InputPlan(shards, sizes, first_files, large)
+
+
+def _matched_files(spec: InputSpec) -> list[tuple[str, int]]:
+    """The files of ``spec``, sorted by path. A directory stands for the files in it (at any
+    depth) whose format the extension tells, or all of them when the format is declared."""
+    directory = _directory(spec.pattern)
+    if directory is None:
         metadata = FileSystems.match([spec.pattern])[0].metadata_list
         if not metadata:
             raise ValueError(f"--input pattern {spec.pattern!r} matches no files")
-        for meta in sorted(metadata, key=lambda m: m.path):
-            shards.extend(_plan_file(spec, meta.path, meta.size_in_bytes, target_shard_bytes))
-    return shards
+        return sorted((m.path, m.size_in_bytes) for m in metadata)
+    found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
+    files = sorted((m.path, m.size_in_bytes) for m in found
+                   if spec.format or _known_format(m.path))
+    if not files:
+        raise ValueError(
+            f"--input {spec.pattern!r} is a directory with no file of a known format "
+            f"({', '.join(sorted(_FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
+            f"with the format, e.g. --input '{directory.rstrip('/')}/*.data#format=jsonl'")
+    return files
 
 
-def _plan_file(spec: InputSpec, path: str, size: int, target: int) -> list[ShardSpec]:
+def _directory(pattern: str) -> str | None:
+    """``pattern`` when it names a directory: a local one, or any path ending in ``/``."""
+    if pattern.endswith("/") or ("://" not in pattern and os.path.isdir(pattern)):
+        return pattern
+    return None
+
+
+def _known_format(path: str) -> bool:
+    return posixpath.splitext(_uncompressed_name(path))[1] in _FORMAT_BY_EXTENSION
+
+
+def large_compressed_advice(large: list[tuple[str, int]]) -> str:
+    """The planning-time warning for compressed files that one worker each must read."""
+    path, size = max(large, key=lambda item: item[1])
+    return (f"{len(large)} compressed input file(s) over {LARGE_COMPRESSED_BYTES >> 30} GiB "
+            f"(largest {path}, {size / (1 << 30):.1f} GiB): a compressed file cannot be split, so "
+            f"one worker reads each from start to end. Recompress into pieces of about 1 GB "
+            f"(e.g. part-00000.jsonl.zst, ...) or store it uncompressed, which is split into "
+            f"byte ranges; see {INPUTS_DOC}")
+
+
+def _plan_file(spec: InputSpec, path: str, size: int,
+               target: int) -> list[tuple[ShardSpec, int]]:
     fmt = spec.format or file_format(path)
     unit = spec.text_unit if fmt == "text" else "file"
     index = spec.index
     compressed = _compression_suffix(path) is not None
-    if fmt == "parquet":
-        if compressed:
-            raise ValueError(
-                f"{path!r}: Parquet cannot be read through an outer compression; "
-                "Parquet compresses its own pages"
-            )
-        return _plan_parquet(index, path, target)
+    if fmt == "parquet" and compressed:
+        raise ValueError(
+            f"{path!r}: Parquet cannot be read through an outer compression; "
+            "Parquet compresses its own pages"
+        )
     byte_ranges = not compressed and (fmt == "jsonl" or (fmt == "text" and unit != "file"))
     count = max(1, -(-size // target)) if byte_ranges else 1
-    bounds: list[int | None] = [size * i // count for i in range(count)] + [None]
+    bounds = [size * i // count for i in range(count + 1)]
     return [
-        ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i] or 0, end=bounds[i + 1])
+        (ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i],
+                   end=bounds[i + 1] if i + 1 < count else None), bounds[i + 1] - bounds[i])
         for i in range(count)
     ]
+
+
+def split_shard(shard: ShardSpec,
+                target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES) -> list[ShardSpec]:
+    """A whole Parquet file as row-group ranges (its footer is read here, inside the job);
+    any other shard as it is."""
+    if shard.format != "parquet" or shard.start != 0 or shard.end is not None:
+        return [shard]
+    return _plan_parquet(shard.input_index, shard.path, target_shard_bytes)
 
 
 def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
@@ -381,6 +468,11 @@ def _read_records(shard: ShardSpec, limit: int) -> Iterator[tuple[Record, int]]:
     except _READ_ERRORS as error:
         message = f"{type(error).__name__}: {error}"
         yield _failed(shard, cursor.position, UNREADABLE_FILE, message, ""), 0
+
+
+def limit_option(limit: int) -> str:
+    """The record size limit as the option that sets it, so a message says what to change."""
+    return f"--max_record_mb={limit / MiB:g} ({limit:,} bytes)"
 
 
 def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
@@ -500,7 +592,7 @@ def _line_head_blank(stream: BinaryIO, pos: int) -> bool:
 def _text_value(shard: ShardSpec, line: _Line, limit: int) -> Record | str:
     """The line decoded, or an error record when it is too long or not UTF-8."""
     if line.too_long:
-        message = f"line of {line.size} bytes exceeds max_record_bytes={limit}"
+        message = f"line of {line.size} bytes exceeds {limit_option(limit)}"
         return _failed(shard, line.offset, RECORD_TOO_LARGE, message, _raw(line.data, True))
     try:
         return line.data.decode("utf-8")
@@ -599,7 +691,7 @@ class _Paragraph:
     def record(self, shard: ShardSpec) -> Record:
         data = b"\n".join(self._lines)
         if self.too_long:
-            message = f"paragraph of {self.size} bytes exceeds max_record_bytes={self._limit}"
+            message = f"paragraph of {self.size} bytes exceeds {limit_option(self._limit)}"
             return _failed(shard, self.offset, RECORD_TOO_LARGE, message, _raw(data, True))
         try:
             text = data.decode("utf-8")
@@ -640,7 +732,7 @@ def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[t
     with _open(shard.path) as stream:
         data = stream.read(limit + 1)
     if len(data) > limit:
-        message = f"file exceeds max_record_bytes={limit}"
+        message = f"file exceeds {limit_option(limit)}"
         yield _failed(shard, 0, RECORD_TOO_LARGE, message, _raw(data)), len(data)
         return
     try:
@@ -728,7 +820,8 @@ class _CsvLines:
             while line and not line.endswith(("\n", "\r")):
                 line = self._text.readline(_BLOCK)
                 self._size += len(line)
-            raise _RowTooLarge(f"row of {self._size}+ characters exceeds max_record_bytes")
+            raise _RowTooLarge(f"row of {self._size}+ characters exceeds "
+                               f"{limit_option(self._limit)}")
         self._row.append(line)
         return line
 

@@ -296,24 +296,65 @@ def _earlier_phase_dirs(output_dir: str) -> list[str]:
             if isinstance(name, str) and LABEL.fullmatch(name)]
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
-    """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``.
-
-    An earlier run with curriculum phases counts with its phases' directories, so that a run
-    with other phases (or none) leaves no stale phase beside its own outputs.
-    """
+def _owned_paths(output_dir: str) -> list[str]:
+    """The paths a run writes under ``output_dir``, with an earlier run's phase directories, so
+    that a run with other phases (or none) leaves no stale phase beside its own outputs."""
     names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME,
              "report.html", "README.md")  # the data report and the dataset card
-    owned = {path: _stored_paths(path) for directory in
-             (output_dir, *_earlier_phase_dirs(output_dir))
-             for path in (FileSystems.join(directory, name) for name in names)}
-    existing = [path for path, stored in owned.items() if stored]
+    return [FileSystems.join(directory, name)
+            for directory in (output_dir, *_earlier_phase_dirs(output_dir)) for name in names]
+
+
+def _holds_anything(path: str) -> bool:
+    """Whether ``path`` exists, as a file, a local directory or a gs:// prefix; one listed
+    object at most, so the check costs the same however many files an earlier run wrote."""
+    if FileSystems.exists(path):
+        return True
+    return bool(FileSystems.match([FileSystems.join(path, "**")], limits=[1])[0].metadata_list)
+
+
+def check_output_dir(output_dir: str, overwrite: bool) -> bool:
+    """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``.
+    Returns whether earlier outputs are there, for ``ClearPreviousRun`` to delete in the job.
+
+    Only a failed run's staging directory is deleted here, because deduplication's first pass
+    and every step write into it from the job's start.
+    """
+    existing = [path for path in _owned_paths(output_dir) if _holds_anything(path)]
     if not existing:
-        return
+        return False
     if not overwrite:
         raise ValueError(f"{output_dir} already holds outputs ({', '.join(existing)}); "
                          "pass --overwrite=true to replace them")
-    FileSystems.delete([stored for path in existing for stored in owned[path]])
+    staging = FileSystems.join(output_dir, STAGING_DIR)
+    if staging in existing:
+        FileSystems.delete(_stored_paths(staging))
+    return True
+
+
+def clear_previous_outputs(output_dir: str) -> int:
+    """Deletes an earlier run's outputs under ``output_dir``; the number of paths deleted.
+    Runs inside the job (``ClearPreviousRun``), so the launcher lists no output files."""
+    stored = [stored for path in _owned_paths(output_dir)
+              if not path.endswith(f"/{STAGING_DIR}") for stored in _stored_paths(path)]
+    if stored:
+        FileSystems.delete(stored)
+    return len(stored)
+
+
+class ClearPreviousRun(beam.PTransform):
+    """The job's first step when an earlier run's outputs are to be replaced: deletes them and
+    yields one element, which the output writing waits for (as a side input)."""
+
+    def __init__(self, output_dirs: Sequence[str]):
+        super().__init__()
+        self.output_dirs = list(output_dirs)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        return (pbegin
+                | "OutputDirectories" >> beam.Create([self.output_dirs])
+                | "DeleteEarlierOutputs" >> beam.Map(
+                    lambda dirs: sum(clear_previous_outputs(d) for d in dirs)))
 
 
 class WriteOutputs(beam.PTransform):
