@@ -1,8 +1,10 @@
 """Turn ``--input`` values into deterministic shards and stream each shard as ``RecordChunk``s.
 
 Reading happens in two steps so that every runner sees the same records in the same order.
-``plan_shards`` runs once, when the graph is built: it expands the patterns and cuts files into a
-fixed list of ``ShardSpec``s (byte ranges, row-group ranges or whole files). ``read_shard`` then
+``plan_inputs`` runs once, when the graph is built, from glob expansion alone: it cuts files into
+a fixed list of ``ShardSpec``s (byte ranges or whole files), and ``split_shard`` cuts a Parquet
+file into row-group ranges inside the job (``plan_shards`` does both at once, for callers that
+read outside a pipeline). ``read_shard`` then
 streams one shard into bounded chunks whose ids come from the input alone (seqio's
 ``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of ``read_shard``: it comes
 out as a ``Record`` with an ``error``, so the manifest can account for it.
