@@ -35,13 +35,13 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.core.records import LABEL
 from transforms.core.steps import Part
 from transforms.core.vocabulary import FILTERED, REJECTED
-from transforms.io.tokenizer_files import TOKENIZER_DIR
 from transforms.io.manifest import (
     build_manifest,
     check_reject_fraction,
     check_rows_written,
     write_manifest,
 )
+from transforms.io.tokenizer_files import TOKENIZER_DIR
 
 LOG = logging.getLogger("beam_pipeline")
 STAGING_DIR = ".staging"
