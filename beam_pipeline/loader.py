@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import itertools
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -199,6 +198,12 @@ class Deal:
             return positions
         return np.random.default_rng([*self.key, window]).permutation(positions)
 
+    def last_position(self, window: int) -> int:
+        """The stream position that ends window ``window``: its row group goes on into the next
+        window."""
+        return (self.start + min((window + 1) * self.window, self.count) - 1) \
+            % int(self.sizes.sum())
+
     @property
     def windows(self) -> int:
         return -(-self.count // self.window)
@@ -276,20 +281,25 @@ class PackedRows:
             return
         order = epoch_group_order(len(self.row_groups), self.seed, self.epoch)
         ends = np.cumsum(deal.sizes)
-        cached: tuple[int, list[dict[str, np.ndarray]]] = (-1, [])
+        decoded: dict[int, list[dict[str, np.ndarray]]] = {}  # row groups in use, by position
         first_window, skip = divmod(start, deal.window)
         for window in range(first_window, deal.windows):
             positions = deal.positions(window)
             groups = np.searchsorted(ends, positions, side="right")
-            rows: dict[int, list[dict[str, np.ndarray]]] = {}
-            for group in np.unique(groups).tolist():  # each group decoded once per window
-                if group != cached[0]:
+            offsets = (positions - (ends[groups] - deal.sizes[groups])).tolist()
+            groups = groups.tolist()
+            boundary = int(np.searchsorted(ends, deal.last_position(window), side="right"))
+            last_use = {group: i for i, group in enumerate(groups)}
+            for i, (group, offset) in enumerate(zip(groups, offsets, strict=True)):
+                if group not in decoded:  # decoded when first needed, dropped after last use
                     table = read_row_group(self.row_groups[order[group]], self.columns)
-                    cached = (group, list(table_rows(table)))
-                rows[group] = cached[1]
-            offsets = positions - (ends[groups] - deal.sizes[groups])
-            picks = zip(groups.tolist(), offsets.tolist(), strict=True)
-            yield from itertools.islice((rows[g][i] for g, i in picks), skip, None)
+                    decoded[group] = list(table_rows(table))
+                row = decoded[group][offset]
+                if last_use[group] == i and group != boundary:
+                    del decoded[group]
+                if i >= skip:
+                    yield row
+            decoded = {group: rows for group, rows in decoded.items() if group == boundary}
             skip = 0
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
