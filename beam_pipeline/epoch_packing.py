@@ -50,6 +50,11 @@ class EpochPacks(PackedRows):
         self._group = self._packs = 0  # where this pass stands: group, packs yielded of it
         self._resume = (0, 0)  # where the next pass begins (load_state_dict)
 
+    def __len__(self) -> int:
+        """Unknown: the packs of an epoch are counted only once packed. (A TypeError, so that
+        Trainer and DataLoader treat the dataset as unsized; give Trainer ``max_steps``.)"""
+        raise TypeError("EpochPacks has no length: packs per epoch are known only once packed")
+
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self._group = self._packs = 0

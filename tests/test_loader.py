@@ -8,7 +8,8 @@ small row groups so there are many to deal) feeds every test. The proofs:
   causal attention over the same rows does not;
 - reading a large output file adds far less resident memory than the file's size, and no more
   for the whole file than for its first few row groups;
-- readers sharded over ranks and dataloader workers see every row exactly once;
+- readers sharded over ranks and dataloader workers see every row exactly once (with drop_last,
+  less the rows that would make ranks unequal);
 - TRL's padding-free collator, transformers' DataCollatorWithFlattening, TRL's SFTTrainer and
   the plain Trainer, set up as the README says, produce our labels, positions and loss.
 """

@@ -233,6 +233,8 @@ def test_sft_examples_are_the_examples_the_pipeline_packed(output, examples) -> 
 
 def test_each_epoch_packs_every_example_once_with_all_invariants(output, examples) -> None:
     packs = EpochPacks(str(output / "sft_examples"), seq_len=SEQ_LEN, seed=9, group_examples=64)
+    with pytest.raises(TypeError, match="no length"):  # examples per rank are not packs
+        len(packs)
     epochs = []
     for epoch in (0, 1):
         packs.set_epoch(epoch)
