@@ -254,10 +254,13 @@ class PackedRows:
         """This reader's (worker, num_workers) inside its process: one, without torch."""
         return 0, 1
 
-    def __len__(self) -> int:
-        """Rows per rank per epoch (all workers together)."""
+    def rows_per_epoch(self) -> int:
+        """Rows this rank reads per epoch (all its workers together)."""
         total = sum(g.num_rows for g in self.row_groups)
         return rows_per_rank(total, self.world_size, self.drop_last)
+
+    def __len__(self) -> int:
+        return self.rows_per_epoch()
 
     def deal(self) -> Deal:
         """What this rank and worker read this epoch."""
@@ -266,7 +269,7 @@ class PackedRows:
         sizes = np.array([self.row_groups[i].num_rows for i in order], dtype=np.int64)
         if not sizes.sum():
             raise ValueError("the output has no rows")
-        per_rank = len(self)
+        per_rank = self.rows_per_epoch()
         bounds = [per_rank * i // num_workers for i in range(num_workers + 1)]
         window = self.shuffle_rows or 4 * int(sizes.max())
         key = None if self.seed is None else (self.seed, self.epoch, self.rank, self.world_size,

@@ -20,7 +20,7 @@ import pytest
 from beam_pipeline import epoch_packing, loader
 from beam_pipeline.epoch_packing import EpochPacks
 from beam_pipeline.loader import PackedRows, collate_packed, rows_per_rank
-from tests.conftest import require_shared_data
+from tests.conftest import ROOT, require_shared_data
 from tests.support.loader_run import SEQ_LEN, loader_output
 from transforms.core.packing import packing_efficiency
 
@@ -271,3 +271,22 @@ def test_ranks_pack_the_same_number_of_examples(output, examples) -> None:
         seen.update(segments(rows))
     assert dealt == [examples.total() // 3] * 3
     assert seen <= examples and examples.total() - seen.total() == examples.total() % 3
+
+
+def test_held_out_examples_are_written_unpacked_beside_their_packs(tmp_path) -> None:
+    """With a validation split, validation/sft_examples holds the held-out examples, counted
+    apart and checked against the rows written like every other output."""
+    from beam_pipeline.pipeline import run
+
+    out = tmp_path / "run"
+    run([f"--input={ROOT / 'examples' / 'data' / 'sharegpt_sample.json'}",
+         f"--input={ROOT / 'examples' / 'data' / 'alpaca_seed_tasks.json'}", f"--output={out}",
+         "--instruction_validation=20", "--write_examples=true", "--seq_len=1024"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    held, kept = manifest["validation"]["instruction"], manifest["instruction"]
+    assert held["examples_written"] == held["examples"] == 20
+    assert kept["examples_written"] == kept["examples"] > 0
+    for prefix in ("", "validation/"):
+        unpacked = file_rows(out / f"{prefix}sft_examples", ("input_ids", "labels"))
+        assert Counter(segments(PackedRows(str(out / f"{prefix}sft")))) == \
+            Counter(as_packed(r) for r in unpacked)
