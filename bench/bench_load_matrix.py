@@ -184,11 +184,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure(*args.child)))
         return
+    report, results = load_matrix(args.mb, args.chart)
+    print(report)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def load_matrix(mb: float, chart_path: Path) -> tuple[str, dict[str, dict]]:
+    """Writes ``mb`` MB of synthetic blocks in every format, reads each in a fresh process;
+    returns the table (markdown) and the figures, and draws the chart."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "parquet").mkdir()
         parquet = workdir / "parquet" / "part-00000-of-00001.parquet"
-        rows = write_synthetic_blocks(parquet, args.mb)
+        rows = write_synthetic_blocks(parquet, mb)
         paths = write_formats(parquet, workdir)
         results = {}
         for fmt in FORMATS:
@@ -197,12 +206,9 @@ def main(argv: list[str] | None = None) -> None:
                 raise RuntimeError(f"{fmt} read {measured['rows']} rows of {rows}")
             results[fmt] = {**measured, "disk_mb": disk_mb(paths[fmt], fmt)}
             print(f"[load matrix] {fmt}: {measured}", file=sys.stderr, flush=True)
-    print(table(results))
-    chart(results, args.chart, f"{rows:,} rows of 2048 tokens ({rows * 2048 / 1e6:.0f} M tokens), "
+    chart(results, chart_path, f"{rows:,} rows of 2048 tokens ({rows * 2048 / 1e6:.0f} M tokens), "
           "one reader process each")
-    print(f"chart: {args.chart}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return f"{table(results)}\n\nChart: `{chart_path}`", results
 
 
 if __name__ == "__main__":
