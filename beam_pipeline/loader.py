@@ -291,7 +291,10 @@ class PackedRows:
             groups = np.searchsorted(ends, positions, side="right")
             offsets = (positions - (ends[groups] - deal.sizes[groups])).tolist()
             groups = groups.tolist()
-            boundary = int(np.searchsorted(ends, deal.last_position(window), side="right"))
+            last = deal.last_position(window)
+            boundary = int(np.searchsorted(ends, last, side="right"))
+            if ends[boundary] - 1 == last:  # the window ends with its group: nothing to keep
+                boundary = -1
             last_use = {group: i for i, group in enumerate(groups)}
             for i, (group, offset) in enumerate(zip(groups, offsets, strict=True)):
                 if group not in decoded:  # decoded when first needed, dropped after last use
