@@ -99,8 +99,8 @@ def test_doctests() -> None:
     assert doctest.testmod(loader).failed == 0
 
 
-def test_importing_the_loader_needs_no_torch() -> None:
-    code = ("import sys, beam_pipeline.loader; "
+def test_importing_the_loader_and_epoch_packing_needs_no_torch() -> None:
+    code = ("import sys, beam_pipeline.loader, beam_pipeline.epoch_packing; "
             "print(sorted({'torch', 'datasets', 'pandas'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=True)
