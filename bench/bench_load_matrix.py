@@ -199,6 +199,7 @@ def load_matrix(mb: float, chart_path: Path) -> tuple[str, dict[str, dict]]:
         parquet = workdir / "parquet" / "part-00000-of-00001.parquet"
         rows = write_synthetic_blocks(parquet, mb)
         paths = write_formats(parquet, workdir)
+        os.sync()  # written back before any read: no reader waits on the others' writeback
         results = {}
         for fmt in FORMATS:
             measured = measure_in_subprocess(fmt, str(paths[fmt]))
