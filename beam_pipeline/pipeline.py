@@ -39,7 +39,6 @@ from transforms.io.manifest import (
 )
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.readers import plan_shards
-from transforms.io.tokenizer_files import TOKENIZER_DIR, write_tokenizer
 from transforms.io.writers import (
     OUTPUT_KINDS,
     PHASES_NAME,
@@ -57,8 +56,7 @@ LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
 OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
 OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)
-RESERVED_NAMES = ({kind.split("/")[0] for kind in OUTPUT_KINDS}
-                  | {"manifest.json", PHASES_NAME, TOKENIZER_DIR})
+RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 TAILS_DIR = "tails"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -243,7 +241,6 @@ def execute(plan: Plan) -> PrepConfig:
     cfg = plan.config
     LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
              len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)
-    write_tokenizer(cfg.tokenizer, cfg.instruction.chat_template, cfg.output)
     pipeline = beam.Pipeline(runner=local_runner(plan), options=plan.options)
     if plan.phases[0].name is None:
         build_graph(pipeline, cfg, plan.phases[0].shards, plan.facts)

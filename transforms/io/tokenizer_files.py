@@ -1,7 +1,8 @@
 """``OUTPUT/tokenizer/``: the tokenizer the run used, chat template included, saved with
 ``save_pretrained`` so a training job loads it with ``AutoTokenizer.from_pretrained`` instead of
 finding ``--tokenizer`` and ``--chat_template`` again (``qwen2-offline`` is this project's name,
-not a hub id)."""
+not a hub id). Written by the step that writes ``manifest.json``, just before it: with the outputs,
+by a worker, and not at all by a dry run; with curriculum phases, into each phase's directory."""
 
 from __future__ import annotations
 

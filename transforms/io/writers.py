@@ -41,7 +41,7 @@ from transforms.io.manifest import (
     check_rows_written,
     write_manifest,
 )
-from transforms.io.tokenizer_files import TOKENIZER_DIR
+from transforms.io.tokenizer_files import TOKENIZER_DIR, write_tokenizer
 
 LOG = logging.getLogger("beam_pipeline")
 STAGING_DIR = ".staging"
@@ -386,4 +386,6 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
                               fields.get("eval_texts"))
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    config = fields["config"]
+    write_tokenizer(config["tokenizer"], config["instruction"]["chat_template"], output_dir)
     return write_manifest(output_dir, manifest)
