@@ -3,15 +3,18 @@
 This is the training side of the output contract (``OUTPUT/pretrain`` and ``OUTPUT/sft``, as
 the README's *Outputs* section states it):
 
-- ``list_parquet_files`` / ``list_row_groups`` / ``shard_row_groups`` plan the reading: row groups
-  (the unit the pipeline sizes for streaming) are dealt to ``rank * num_workers + worker`` shards
-  deterministically, so every rank and dataloader worker reads a disjoint part and together they
-  read every row exactly once per epoch.
+- ``list_parquet_files`` / ``list_row_groups`` plan the reading from the footers, and
+  ``PackedRows.deal`` deals rows (not whole row groups) so that every rank reads the same number
+  per epoch (``rows_per_rank``: ``drop_last`` or the first rows repeated, as PyTorch's
+  ``DistributedSampler``), each rank's range split over its dataloader workers; with a ``seed``
+  the row groups are reordered and the rows shuffled in bounded windows, anew each epoch.
+  ``state_dict`` / ``load_state_dict`` resume a stopped job on the next row (torchdata's
+  ``StatefulDataLoader`` protocol).
 - ``read_row_group`` reads one row group of a local file through its own memory map, unmapped
   as soon as the group is decoded, so the reader's resident memory is bounded by a row group,
   not by the file; ``gs://`` and every other Beam filesystem are streamed through
   ``FileSystems.open``. Rows come out as int32 numpy views of the decoded Arrow buffers.
-- ``PackedRows`` iterates the rows of one shard; ``PackedParquetDataset`` is the same as a
+- ``PackedRows`` iterates the rows of one reader; ``PackedParquetDataset`` is the same as a
   PyTorch ``IterableDataset`` (it finds its dataloader worker itself), and
   ``hf_streaming_dataset`` is the Hugging Face ``datasets`` way in.
 - ``collate_packed`` / ``PackedCollator`` flatten a batch of packed rows into the padding-free
@@ -37,7 +40,6 @@ import contextlib
 import dataclasses
 import glob
 import os
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
@@ -102,7 +104,7 @@ def _open(path: str) -> Iterator[pa.NativeFile]:
 
 @dataclasses.dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: the unit that is read at once and dealt to a shard."""
+    """One Parquet row group: the unit that is read and decoded at once."""
 
     path: str
     index: int
@@ -118,27 +120,6 @@ def list_row_groups(files: Iterable[str]) -> list[RowGroup]:
         groups.extend(RowGroup(path, i, meta.row_group(i).num_rows)
                       for i in range(meta.num_row_groups))
     return groups
-
-
-def shard_row_groups(groups: Sequence[RowGroup], shard: int, num_shards: int,
-                     seed: int | None = None, epoch: int = 0) -> list[RowGroup]:
-    """The row groups of ``shard`` out of ``num_shards`` (``rank * num_workers + worker``).
-
-    Groups are dealt round-robin in file order or, with a ``seed``, in an order permuted per
-    epoch. The order depends only on the file list, ``seed`` and ``epoch``, so every rank and
-    worker computes the same deal without talking to the others: the shards are disjoint and
-    together cover every group. Shards differ by at most one row group.
-
-    >>> groups = [RowGroup("f", i, 10) for i in range(5)]
-    >>> [g.index for g in shard_row_groups(groups, 1, 2)]
-    [1, 3]
-    """
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
-    order = np.arange(len(groups))
-    if seed is not None:
-        order = np.random.default_rng([seed, epoch]).permutation(len(groups))
-    return [groups[i] for i in order[shard::num_shards]]
 
 
 def read_row_group(group: RowGroup, columns: Sequence[str] | None = None) -> pa.Table:
@@ -170,71 +151,209 @@ def table_rows(table: pa.Table) -> Iterator[dict[str, np.ndarray]]:
         yield {name: values[offsets[i]:offsets[i + 1]] for name, values, offsets in columns}
 
 
+def epoch_group_order(num_groups: int, seed: int | None, epoch: int) -> np.ndarray:
+    """The order row groups are laid end to end in this epoch: file order, or with a ``seed``
+    a permutation drawn from (seed, epoch) alone, so every rank computes the same one."""
+    if seed is None:
+        return np.arange(num_groups)
+    return np.random.default_rng([seed, epoch]).permutation(num_groups)
+
+
+def rows_per_rank(total_rows: int, world_size: int, drop_last: bool) -> int:
+    """Rows every rank reads per epoch: ``total // world_size`` with ``drop_last`` (at most
+    ``world_size - 1`` rows left out), else ``ceil(total / world_size)`` with the first rows of
+    the epoch read twice to make up the difference, as ``DistributedSampler`` does.
+
+    >>> rows_per_rank(10, 4, drop_last=True), rows_per_rank(10, 4, drop_last=False)
+    (2, 3)
+    """
+    return total_rows // world_size if drop_last else -(-total_rows // world_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deal:
+    """The rows one reader (a rank's dataloader worker) yields in one epoch, in order.
+
+    The epoch lays the row groups end to end (``epoch_group_order``); rank ``r`` reads positions
+    ``[r * per_rank, (r + 1) * per_rank)`` of that stream (wrapping round to its start for the
+    repeated rows), and its workers split that range into contiguous parts, so each reader
+    decodes only the few row groups its range covers. Each part is read in windows of
+    ``window`` rows, shuffled inside each window with a seed: the shuffle crosses row-group
+    boundaries, the groups are reordered every epoch, and memory holds one window.
+    """
+
+    sizes: np.ndarray  # rows of each row group, in the epoch's group order
+    start: int  # first position of this reader in the epoch stream
+    count: int  # rows this reader yields
+    window: int
+    key: tuple[int, ...] | None  # the shuffle seed of this reader, None: no shuffle
+
+    def positions(self, window: int) -> np.ndarray:
+        """Stream positions (modulo the total, for repeated rows) of window ``window``, in the
+        order they are yielded."""
+        lo = window * self.window
+        hi = min(lo + self.window, self.count)
+        positions = (self.start + np.arange(lo, hi)) % int(self.sizes.sum())
+        if self.key is None:
+            return positions
+        return np.random.default_rng([*self.key, window]).permutation(positions)
+
+    def last_position(self, window: int) -> int:
+        """The stream position that ends window ``window``: its row group goes on into the next
+        window."""
+        return (self.start + min((window + 1) * self.window, self.count) - 1) \
+            % int(self.sizes.sum())
+
+    @property
+    def windows(self) -> int:
+        return -(-self.count // self.window)
+
+
 class PackedRows:
-    """The rows of this process's shard of an output, one row group at a time.
+    """The rows of this process's share of an output, dealt evenly and shuffled per epoch.
 
     ``path`` is an output directory (``OUT/sft``), a glob, a file, or a list of files, local or
     ``gs://``. Every rank must see the same files. ``rank`` / ``world_size`` shard across
     processes: pass them in a plain ``torchrun`` loop; leave the defaults under Trainer or
-    accelerate, which shard (or dispatch) batches themselves. With ``seed``, row groups and the
-    rows inside each are shuffled, differently for each ``set_epoch``.
+    accelerate, which shard (or dispatch) batches themselves.
+
+    Every rank reads ``rows_per_rank`` rows per epoch: with ``drop_last`` the last rows of the
+    epoch (fewer than ``world_size``) are left out, else the first ones are read twice. With a
+    ``seed`` the order changes with ``set_epoch`` and is the same on every rerun: a function of
+    (seed, epoch, rank, world_size and the number of dataloader workers). The shuffle buffer
+    holds ``shuffle_rows`` rows (default four of the largest row groups).
+
+    ``state_dict()`` / ``load_state_dict()`` save and restore the epoch and the rows yielded,
+    the protocol of torchdata's ``StatefulDataLoader``: a restored reader yields exactly the
+    rows that the uninterrupted one would have yielded next, without reading the rows before.
     """
 
     def __init__(self, path: str | Sequence[str], columns: Sequence[str] | None = None,
-                 rank: int = 0, world_size: int = 1, seed: int | None = None):
+                 rank: int = 0, world_size: int = 1, seed: int | None = None,
+                 drop_last: bool = False, shuffle_rows: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if shuffle_rows is not None and shuffle_rows < 1:
+            raise ValueError(f"shuffle_rows must be >= 1, got {shuffle_rows}")
         files = list_parquet_files(path) if isinstance(path, str) else sorted(path)
         self.row_groups = list_row_groups(files)
         self.columns = list(columns) if columns is not None else None
         self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.drop_last, self.shuffle_rows = drop_last, shuffle_rows
         self.epoch = 0
+        self._start = 0  # where the next pass begins (load_state_dict)
+        self._position = 0  # rows yielded in this pass
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffles for ``epoch`` (only with a ``seed``); Trainer calls this each epoch."""
+        if epoch != self.epoch:
+            self._start = self._position = 0
         self.epoch = epoch
 
     def worker(self) -> tuple[int, int]:
         """This reader's (worker, num_workers) inside its process: one, without torch."""
         return 0, 1
 
-    def shard(self) -> list[RowGroup]:
-        """The row groups this rank and worker read this epoch."""
+    def rows_per_epoch(self) -> int:
+        """Rows this rank reads per epoch (all its workers together)."""
+        total = sum(g.num_rows for g in self.row_groups)
+        return rows_per_rank(total, self.world_size, self.drop_last)
+
+    def __len__(self) -> int:
+        return self.rows_per_epoch()
+
+    def deal(self) -> Deal:
+        """What this rank and worker read this epoch."""
         worker, num_workers = self.worker()
-        return shard_row_groups(self.row_groups, self.rank * num_workers + worker,
-                                self.world_size * num_workers, self.seed, self.epoch)
+        order = epoch_group_order(len(self.row_groups), self.seed, self.epoch)
+        sizes = np.array([self.row_groups[i].num_rows for i in order], dtype=np.int64)
+        if not sizes.sum():
+            raise ValueError("the output has no rows")
+        per_rank = self.rows_per_epoch()
+        bounds = [per_rank * i // num_workers for i in range(num_workers + 1)]
+        window = self.shuffle_rows or 4 * int(sizes.max())
+        key = None if self.seed is None else (self.seed, self.epoch, self.rank, self.world_size,
+                                              worker, num_workers)
+        return Deal(sizes, self.rank * per_rank + bounds[worker],
+                    bounds[worker + 1] - bounds[worker], window, key)
+
+    def rows_from(self, start: int) -> Iterator[dict[str, np.ndarray]]:
+        """This reader's rows of the epoch from its ``start``-th on (no state kept)."""
+        deal = self.deal()
+        if not deal.count:
+            return
+        order = epoch_group_order(len(self.row_groups), self.seed, self.epoch)
+        ends = np.cumsum(deal.sizes)
+        decoded: dict[int, list[dict[str, np.ndarray]]] = {}  # row groups in use, by position
+        first_window, skip = divmod(start, deal.window)
+        for window in range(first_window, deal.windows):
+            positions = deal.positions(window)
+            groups = np.searchsorted(ends, positions, side="right")
+            offsets = (positions - (ends[groups] - deal.sizes[groups])).tolist()
+            groups = groups.tolist()
+            last = deal.last_position(window)
+            boundary = int(np.searchsorted(ends, last, side="right"))
+            if ends[boundary] - 1 == last:  # the window ends with its group: nothing to keep
+                boundary = -1
+            last_use = {group: i for i, group in enumerate(groups)}
+            for i, (group, offset) in enumerate(zip(groups, offsets, strict=True)):
+                if group not in decoded:  # decoded when first needed, dropped after last use
+                    table = read_row_group(self.row_groups[order[group]], self.columns)
+                    decoded[group] = list(table_rows(table))
+                row = decoded[group][offset]
+                if last_use[group] == i and group != boundary:
+                    del decoded[group]
+                if i >= skip:
+                    yield row
+            decoded = {group: rows for group, rows in decoded.items() if group == boundary}
+            skip = 0
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for group in self.shard():
-            rows = table_rows(read_row_group(group, self.columns))
-            if self.seed is None:
-                yield from rows
-            else:
-                key = [self.seed, self.epoch, zlib.crc32(group.path.encode()), group.index]
-                rng = np.random.default_rng(key)
-                buffered = list(rows)
-                yield from (buffered[i] for i in rng.permutation(len(buffered)))
+        self._position, self._start = self._start, 0
+        for row in self.rows_from(self._position):
+            self._position += 1
+            yield row
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader stands: the epoch and the rows it has yielded in it."""
+        return {"epoch": self.epoch, "position": self._position, **self._identity()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores ``state_dict()``: the next pass resumes after the rows yielded then. The
+        deal must be the same (seed, ranks, workers, rows), or the position would mean other
+        rows: a mismatch is an error."""
+        wrong = {k: (state.get(k), v) for k, v in self._identity().items() if state.get(k) != v}
+        if wrong:
+            raise ValueError(f"state from another deal (saved, now): {wrong}")
+        self.epoch, self._start = state["epoch"], state["position"]
+        self._position = self._start
+
+    def _identity(self) -> dict[str, Any]:
+        return {"seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                "num_workers": self.worker()[1], "drop_last": self.drop_last,
+                "rows": sum(g.num_rows for g in self.row_groups)}
 
 
-def _packed_parquet_dataset_class() -> type:
+def torch_dataset_class(base: type, name: str) -> type:
+    """``base`` as a PyTorch ``IterableDataset`` that finds its dataloader worker itself, so
+    each worker reads its own part (torch imported only here)."""
     import torch.utils.data
 
-    class PackedParquetDataset(PackedRows, torch.utils.data.IterableDataset):
-        """``PackedRows`` as a PyTorch ``IterableDataset``: each dataloader worker reads its own
-        row groups (``rank * num_workers + worker``), so no row is read twice."""
+    def worker(self: Any) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
 
-        def worker(self) -> tuple[int, int]:
-            info = torch.utils.data.get_worker_info()
-            return (0, 1) if info is None else (info.id, info.num_workers)
-
-    PackedParquetDataset.__module__ = __name__
-    return PackedParquetDataset
+    cls = type(name, (base, torch.utils.data.IterableDataset),
+               {"worker": worker, "__module__": base.__module__,
+                "__doc__": f"``{base.__name__}`` as a PyTorch ``IterableDataset``: each "
+                           "dataloader worker reads its own part of this rank's rows."})
+    return cls
 
 
 def __getattr__(name: str) -> Any:
     """Builds ``PackedParquetDataset`` on first access, so importing this module needs no torch."""
     if name == "PackedParquetDataset":
-        cls = _packed_parquet_dataset_class()
+        cls = torch_dataset_class(PackedRows, name)
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

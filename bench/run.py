@@ -11,7 +11,9 @@ same files built by ``bench.corpus`` from ``../shared/data``:
 4. TRL's SFT preparation and ``pack_dataset(..., "bfd")`` on the instruction examples;
 5. our instruction branch, both modes;
 6. our peak memory at a quarter of those inputs (1x; the runs above are 4x);
-7. our start-up (a run of each branch on a handful of records) and ``make demo``.
+7. our start-up (a run of each branch on a handful of records) and ``make demo``;
+8. the training side: the load matrix (``bench.bench_load_matrix``) and one dataloader worker's
+   per-epoch packing (``bench.bench_loader --epoch-packing``), appended to the report.
 
 Each output is checked (``bench.checks``) as soon as it exists; a wrong output stops the run
 before any speed is reported. Our times are whole-process wall times, start-up included; the
@@ -321,6 +323,18 @@ def targets_of(r: Results) -> list[Target]:
     return targets
 
 
+def training_side(workdir: Path, quick: bool) -> str:
+    """The load matrix (256 MB; 16 MB quick, its chart then under ``workdir``) and one
+    worker's per-epoch packing, as markdown to append to the report."""
+    from bench.bench_load_matrix import load_matrix
+    from bench.bench_loader import epoch_packing_report
+
+    chart = workdir / "load_matrix.png" if quick else ROOT / "docs" / "load_matrix.png"
+    matrix, _ = load_matrix(16 if quick else 256, chart)
+    return (f"\n\n### Load matrix\n\n{matrix}\n\n### Per-epoch packing in one dataloader "
+            f"worker\n\n{epoch_packing_report(workdir)}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run",
                                      description=__doc__.split("\n\n")[0])
@@ -369,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "row, and ratios against it are suspect.",
     ]
     section = render(command, scale_note, rows_of(results, inputs), targets_of(results), notes)
+    section += training_side(args.workdir, quick=scale != FULL_SCALE)
     print(section)
     if scale == FULL_SCALE:
         write_section(ROOT / "BENCHMARKS.md", section)

@@ -198,7 +198,8 @@ def test_overwrite_replaced_the_earlier_run_and_kept_other_files(gcs_run):
     assert f"{output}/sft/part-00007-of-00009.parquet" not in objects
     assert not [p for p in objects if "/.staging/" in p]
     kinds = {p[len(output) + 1:].split("/")[0] for p in objects}
-    assert kinds <= {"pretrain", "sft", "rejected", "filtered", "manifest.json", "notes.txt"}
+    assert kinds <= {"pretrain", "sft", "rejected", "filtered", "manifest.json", "notes.txt",
+                     "tokenizer"}
 
 
 def test_a_second_run_without_overwrite_is_refused_and_changes_nothing(

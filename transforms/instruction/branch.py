@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     pass
 
 SFT = "sft"
+SFT_EXAMPLES = "sft_examples"  # --write_examples: the packed examples, one per row, unpacked
 UNSELECTED = "instruction.examples_unselected"  # left out by mixing: not kept after all
 FULL_PACK = 0.99  # packs filled at least this much are final; the rest are packed again
 
@@ -209,6 +210,23 @@ class EncodeConversations(OverlappedStep):
             yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))
 
 
+class WriteExamples(ChunkStep):
+    """Passes a chunk on and writes its examples unpacked (``input_ids``, ``labels``), the rows
+    a loader packs anew each epoch: exactly the examples the next step packs."""
+
+    step_name = "write_examples"
+
+    def run(self, chunk: EncodedChunk) -> Iterator[EncodedChunk | beam.pvalue.TaggedOutput]:
+        table = pa.Table.from_arrays(
+            [pa.array([e.input_ids for e in chunk.examples], pa.list_(pa.int32())),
+             pa.array([e.labels for e in chunk.examples], pa.list_(pa.int32()))],
+            names=["input_ids", "labels"])
+        self.count("instruction.examples_written", table.num_rows)
+        yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT_EXAMPLES, chunk.chunk_id),
+                                                   chunk.chunk_id, self.step_name, table))
+        yield chunk
+
+
 class PackSequences(ChunkStep):
     """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens.
 
@@ -273,6 +291,7 @@ class InstructionBranch(beam.PTransform):
         self.pad_id = (pad_token_id(load_tokenizer(tokenizer, config.chat_template))
                        if config.pad_to_seq_len else None)
         self.tails = tails
+        self.write_examples = config.write_examples
 
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         curation = self.curation
@@ -288,6 +307,8 @@ class InstructionBranch(beam.PTransform):
                                                                   curation.seed))
         if curation.mix is not None:
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        if self.write_examples:
+            steps.then("WriteExamples", WriteExamples())
         packed = steps.then("Pack", PackSequences(self.seq_len, self.max_segments, self.pad_id),
                             TAILS)
         tails = (packed[TAILS]

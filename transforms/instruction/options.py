@@ -80,6 +80,11 @@ class InstructionOptions(PipelineOptions):
             help="Pad every packed sequence to exactly --seq_len tokens for trainers that need "
             "fixed shapes: the pad run is one more segment of pad tokens with no loss "
             "(default false: no padding).")
+        group.add_argument(
+            "--write_examples", type=boolean, default=False,
+            help="Also write the tokenized, masked examples unpacked to OUTPUT/sft_examples/ "
+            "(input_ids, labels; one example per row), for a loader that packs anew each epoch "
+            "(default false).")
 
 
 def system_prompt(text: str) -> str:
@@ -120,6 +125,7 @@ class InstructionConfig:
     max_chars: int = 0
     overflow: str = "truncate"
     pad_to_seq_len: bool = False
+    write_examples: bool = False
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> InstructionConfig:
@@ -132,7 +138,8 @@ class InstructionConfig:
                      max_segments_per_pack=view.max_segments_per_pack,
                      schemas=parse_schema_options(view.schema), max_turns=view.max_turns,
                      max_chars=view.max_chars, overflow=view.overflow,
-                     pad_to_seq_len=view.pad_to_seq_len)
+                     pad_to_seq_len=view.pad_to_seq_len,
+                     write_examples=view.write_examples)
         config.load_schemas()
         return config
 

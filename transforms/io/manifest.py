@@ -140,6 +140,8 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "truncated": instruction.get("truncated", 0),
             "truncated_tokens": instruction.get("truncated_tokens", 0),
             "pad_tokens": instruction.get("pad_tokens", 0),
+            # --write_examples: rows of sft_examples/, the same examples as the packs hold
+            "examples_written": instruction.get("examples_written", 0),
         },
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"]),
@@ -171,7 +173,8 @@ def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Ma
                 "documents", "tokens", "blocks", "tokens_out", "remainder_tokens")},
             "instruction": {
                 **{name: validation.get(f"instruction.{name}", 0) for name in (
-                    "examples", "tokens", "trained_tokens", "packs", "packed_tokens")},
+                    "examples", "tokens", "trained_tokens", "packs", "packed_tokens",
+                    "examples_written")},
                 "packing_efficiency": _efficiency(tokens, packs, seq_len)},
         }
     mix = _by_prefix(stats, "mix.")
@@ -259,6 +262,11 @@ def check_rows_written(manifest: Mapping) -> None:
     if "validation" in manifest:
         expected["validation/pretrain"] = manifest["validation"]["knowledge"]["blocks"]
         expected["validation/sft"] = manifest["validation"]["instruction"]["packs"]
+    if manifest["config"]["instruction"].get("write_examples"):
+        expected["sft_examples"] = manifest["instruction"]["examples_written"]
+        if "validation" in manifest:
+            expected["validation/sft_examples"] = \
+                manifest["validation"]["instruction"]["examples_written"]
     if manifest["config"].get("write_filtered"):
         expected[FILTERED] = sum(records[FILTERED].values())
     written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -41,10 +41,12 @@ from transforms.io.manifest import (
     check_rows_written,
     write_manifest,
 )
+from transforms.io.tokenizer_files import TOKENIZER_DIR, write_tokenizer
 
 LOG = logging.getLogger("beam_pipeline")
 STAGING_DIR = ".staging"
-PARQUET_KINDS = ("pretrain", "sft", "validation/pretrain", "validation/sft")
+PARQUET_KINDS = ("pretrain", "sft", "sft_examples", "validation/pretrain", "validation/sft",
+                 "validation/sft_examples")
 PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once all complete
 JSONL_KINDS = (REJECTED, FILTERED)
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
@@ -230,6 +232,34 @@ def _read_staged(path: str) -> pa.Table:
     return read_arrow(path).replace_schema_metadata(None)
 
 
+def even_row_groups(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """The rows of ``tables``, in order, regrouped into tables of exactly ``rows`` rows (the last
+    may be shorter): written one per row group, so a reader can deal row groups of known size.
+
+    Staged slices have any length; writing each as it comes would end a row group at every
+    slice boundary. At most one slice plus ``rows`` rows are held at once.
+
+    >>> parts = [pa.table({"x": list(range(n))}) for n in (3, 5, 1)]
+    >>> [t.num_rows for t in even_row_groups(parts, 4)]
+    [4, 4, 1]
+    """
+    pending: list[pa.Table] = []
+    held = 0
+    for table in tables:
+        pending.append(table)
+        held += table.num_rows
+        if held < rows:
+            continue
+        joined = pa.concat_tables(pending)
+        start = 0
+        while held - start >= rows:
+            yield joined.slice(start, rows).combine_chunks()
+            start += rows
+        pending, held = [joined.slice(start)], held - start
+    if held:
+        yield pa.concat_tables(pending).combine_chunks()
+
+
 class WriteOutputFile(BackgroundWriter):
     """Streams the planned slices of staged files into one output file; several files are
     written at once, in the background."""
@@ -250,10 +280,10 @@ class WriteOutputFile(BackgroundWriter):
     def _write_parquet(self, plan: OutputFile) -> None:
         with FileSystems.create(plan.path) as handle:
             writer = None
-            for table in self._slices(plan):
+            for group in even_row_groups(self._slices(plan), self.row_group_rows):
                 if writer is None:
-                    writer = pq.ParquetWriter(handle, table.schema, compression=COMPRESSION)
-                writer.write_table(table, row_group_size=self.row_group_rows)
+                    writer = pq.ParquetWriter(handle, group.schema, compression=COMPRESSION)
+                writer.write_table(group, row_group_size=self.row_group_rows)
             writer.close()
 
     def _write_jsonl(self, plan: OutputFile) -> None:
@@ -300,7 +330,7 @@ def _owned_paths(output_dir: str) -> list[str]:
     """The paths a run writes under ``output_dir``, with an earlier run's phase directories, so
     that a run with other phases (or none) leaves no stale phase beside its own outputs."""
     names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME,
-             "report.html", "README.md")  # the data report and the dataset card
+             TOKENIZER_DIR, "report.html", "README.md")  # with the data report and card
     return [FileSystems.join(directory, name)
             for directory in (output_dir, *_earlier_phase_dirs(output_dir)) for name in names]
 
@@ -397,4 +427,6 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
                               fields.get("eval_texts"))
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    config = fields["config"]
+    write_tokenizer(config["tokenizer"], config["instruction"]["chat_template"], output_dir)
     return write_manifest(output_dir, manifest)

@@ -1,0 +1,1 @@
+"""Worked training examples over the pipeline's outputs: ``python -m examples.NAME``."""

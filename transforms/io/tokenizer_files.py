@@ -1,0 +1,30 @@
+"""``OUTPUT/tokenizer/``: the tokenizer the run used, chat template included, saved with
+``save_pretrained`` so a training job loads it with ``AutoTokenizer.from_pretrained`` instead of
+finding ``--tokenizer`` and ``--chat_template`` again (``qwen2-offline`` is this project's name,
+not a hub id). Written by the step that writes ``manifest.json``, just before it: with the outputs,
+by a worker, and not at all by a dry run; with curriculum phases, into each phase's directory."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.core.tokenizer import load_tokenizer
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def write_tokenizer(spec: str, chat_template: str | None, output_dir: str) -> str:
+    """Saves the tokenizer into ``output_dir/tokenizer/`` (local or any Beam filesystem) and
+    returns that directory."""
+    target = FileSystems.join(output_dir, TOKENIZER_DIR)
+    tokenizer = load_tokenizer(spec, chat_template)
+    with tempfile.TemporaryDirectory() as local:
+        tokenizer.save_pretrained(local)
+        for name in sorted(os.listdir(local)):
+            with open(os.path.join(local, name), "rb") as source, \
+                    FileSystems.create(FileSystems.join(target, name)) as handle:
+                handle.write(source.read())
+    return target
