@@ -4,6 +4,7 @@ and the copy that survives is always the one with the smallest record key."""
 import itertools
 import json
 import random
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -13,10 +14,13 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record
+from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
 )
+from transforms.io.readers import parse_input_spec, plan_shards
+from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import (
     DedupConfig,
     DuplicateIndex,
@@ -33,6 +37,7 @@ from transforms.knowledge.dedup import (
     similarity,
 )
 from transforms.knowledge.normalize import normalize_text
+from transforms.knowledge.options import KnowledgeConfig
 from transforms.knowledge.quality import TextStats
 
 require_shared_data()
@@ -223,3 +228,57 @@ def test_find_duplicates_of_nothing_is_an_empty_dict():
     with test_pipeline.TestPipeline() as p:
         found = p | beam.Create([]) | FindDuplicates(CONFIG.threshold)
         assert_that(found, equal_to([{}]))
+
+
+def drop_decisions(found):
+    """(file name, position, reason, survivor's file name, survivor's position) per dropped
+    document, from what ``FindDuplicateDocuments`` returns."""
+    def flat(index: DuplicateIndex):
+        for (_, number, position), (reason, (_, kept_number, kept_position)) in \
+                index.drops.items():
+            yield (Path(index.files[number]).name, position, reason,
+                   Path(index.files[kept_number]).name, kept_position)
+
+    return found | "Flat" >> beam.FlatMap(flat)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory, long_pages) -> tuple[list[str], dict]:
+    """Two real input files, the --input values and the offset of each line by (file, line)."""
+    a, b, c, d = long_pages[:4]
+    once = edited(a, 2, seed=3)
+    files = {
+        "first.jsonl": [a, b, once, "A short line with too few words."],
+        "second.jsonl": [c, edited(once, 2, seed=5), a + "\n\n", restyled(b), d, d, once],
+    }
+    folder = tmp_path_factory.mktemp("sample")
+    offsets = {}
+    for name, texts in files.items():
+        lines = [json.dumps({"text": text}) + "\n" for text in texts]
+        (folder / name).write_text("".join(lines))
+        starts = itertools.accumulate((len(line.encode()) for line in lines), initial=0)
+        offsets.update({(name, i): start for i, start in enumerate(starts) if i < len(lines)})
+    return [str(folder / name) for name in files], offsets
+
+
+def test_find_duplicate_documents_drops_every_copy_and_keeps_the_first(sample):
+    """The composite on real files, two lines per chunk: a page, its exact copies (one only
+    after normalisation), its near copy and the near copy's own near copy form one cluster,
+    kept at the page; a restyled page is a near copy; a page repeated in the later file keeps
+    its first line. The quality filter's drop (the short line) is not keyed at all."""
+    values, at = sample
+    specs = [parse_input_spec(i, value) for i, value in enumerate(values)]
+    config = KnowledgeConfig(block_size=64, remainder="pad")
+    first, second = "first.jsonl", "second.jsonl"
+    expected = [
+        (first, at[first, 2], DUPLICATE_NEAR, first, at[first, 0]),
+        (second, at[second, 1], DUPLICATE_NEAR, first, at[first, 0]),
+        (second, at[second, 2], DUPLICATE_EXACT, first, at[first, 0]),
+        (second, at[second, 3], DUPLICATE_NEAR, first, at[first, 1]),
+        (second, at[second, 5], DUPLICATE_EXACT, second, at[second, 4]),
+        (second, at[second, 6], DUPLICATE_EXACT, first, at[first, 0]),
+    ]
+    with test_pipeline.TestPipeline() as p:
+        found = p | FindDuplicateDocuments(plan_shards(specs), specs, 2, 1 << 20, config,
+                                           DEFAULT_TOKENIZER)
+        assert_that(drop_decisions(found), equal_to(expected))
