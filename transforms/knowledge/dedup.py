@@ -463,7 +463,11 @@ class FindDuplicates(beam.PTransform):
             batches
             | "ByBand" >> beam.FlatMap(band_rows_by_bucket, buckets)
             | "GroupByBand" >> beam.GroupByKey()
-            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket))
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket)
+            # A pair is found in every band its two members share (up to all of them): once is
+            # enough, and the first member of a large cluster would otherwise meet each of its
+            # pairs that many times in the signature join.
+            | "DistinctPairs" >> beam.Distinct())
         near = (
             {
                 "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
@@ -558,7 +562,7 @@ def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[P
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
     _, sides = joined
     signatures = dict(item for batch in sides["signature"] for item in batch)
-    for member, pair in sorted(set(sides["pairs"])):  # a pair found in several bands, once
+    for member, pair in sides["pairs"]:
         yield pair, signatures[member]
 
 
