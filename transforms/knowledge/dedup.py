@@ -50,9 +50,10 @@ Node = tuple[int, int, int, int, bytes]
 CHUNK, CONTENT = 3, 4
 Pair = tuple[Node, Node]
 Decision = tuple[Node, str, Node]  # (document to drop, reason, surviving document)
-# Rounds of label propagation: a cluster converges in one more round than its longest shortest
-# path between any member and its smallest one (exact copies and LSH buckets are stars around
-# their smallest member, so 2 or 3 in practice; the bench's clusters took at most 3).
+# Rounds of label propagation: a cluster's labels are final after as many rounds as the longest
+# shortest path from a member to its smallest one, and one more round confirms it. Exact groups
+# and LSH buckets are stars around their smallest member (one hop); paths grow only where near
+# copies chain through different bands.
 MAX_ROUNDS = 8
 
 SEED = 0x5EED  # of the MinHash hash: fixed, so signatures agree across runs and workers
