@@ -19,6 +19,7 @@ which here plays Dataflow's shuffle service: the FnApiRunner keeps every shuffle
 own memory, so that figure grows with what is shuffled, by design of the local runner.
 
     .venv/bin/python -m bench.bench_dedup_scale [--docs 1000000] [--dups 0.05 0.3 0.6]
+        [--giant 100000] [--workers 1]
 
 Prints one JSON line per cell and a Markdown table at the end.
 """
@@ -166,11 +167,11 @@ def _count(decision) -> None:
     beam.metrics.Metrics.counter("bench", "decisions").inc()
 
 
-def run_cell(docs: int, dups: float, giant: int) -> dict:
+def run_cell(docs: int, dups: float, giant: int, workers: int) -> dict:
     corpus = Corpus(docs, dups, giant)
     buckets = max(1, -(-docs // DOCS_PER_BUCKET))
     options = PipelineOptions(["--direct_running_mode=multi_processing",
-                               "--direct_num_workers=1"])
+                               f"--direct_num_workers={workers}"])
     started = time.perf_counter()
     with _Peaks() as peaks:
         pipeline = beam.Pipeline(runner="DirectRunner", options=options)
@@ -186,14 +187,14 @@ def run_cell(docs: int, dups: float, giant: int) -> dict:
         MetricsFilter())["counters"] if c.key.metric.namespace in ("bench", METRICS_NAMESPACE)}
     changed = [counters.get(f"dedup.round_{r:02d}.changed", 0) for r in range(1, MAX_ROUNDS + 1)]
     me = os.getpid()
-    workers = [kb for pid, kb in peaks.peaks.items() if pid != me]
+    children = [kb for pid, kb in peaks.peaks.items() if pid != me]
     return {
-        "docs": docs, "dup_fraction": dups, "giant": giant,
+        "docs": docs, "dup_fraction": dups, "giant": giant, "workers": workers,
         "duplicates": corpus.expected_drops,
         "decided": counters.get("decisions", 0),
         "rounds_with_changes": sum(1 for n in changed if n),
         "changed_per_round": changed,
-        "worker_peak_mb": round(max(workers, default=0) / 1024),
+        "worker_peak_mb": round(max(children, default=0) / 1024),
         "runner_peak_mb": round(peaks.peaks.get(me, 0) / 1024),
         "wall_s": round(wall),
     }
@@ -204,17 +205,19 @@ def main() -> None:
     parser.add_argument("--docs", type=int, nargs="+", default=[1_000_000])
     parser.add_argument("--dups", type=float, nargs="+", default=[0.05, 0.3, 0.6])
     parser.add_argument("--giant", type=int, default=GIANT, help="members of the giant cluster")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes")
     parser.add_argument("--cell", action="store_true", help="run one cell in this process")
     args = parser.parse_args()
     if args.cell:
-        print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant)), flush=True)
+        print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers)),
+              flush=True)
         return
     rows = []
     for docs in args.docs:
         for dups in args.dups:
             out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
                                   "--docs", str(docs), "--dups", str(dups),
-                                  "--giant", str(args.giant)],
+                                  "--giant", str(args.giant), "--workers", str(args.workers)],
                                  capture_output=True, text=True, check=True).stdout
             row = json.loads(out.strip().splitlines()[-1])
             if row["decided"] != row["duplicates"]:
