@@ -487,9 +487,9 @@ class FindDuplicates(beam.PTransform):
                 | "Clusters" >> ConnectedComponents(self.rounds))
 
 
-def bucket_of(key: bytes | RecordKey, buckets: int) -> int:
+def bucket_of(key: bytes | Node, buckets: int) -> int:
     """A stable bucket for a key: the same in every process. Content hashes and band keys are
-    blake2b digests already, so their first bytes serve; record keys are hashed."""
+    blake2b digests already, so their first bytes serve; nodes are hashed."""
     if not isinstance(key, bytes):
         key = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     return int.from_bytes(key[:8], "little") % buckets
