@@ -199,7 +199,7 @@ def test_overwrite_replaced_the_earlier_run_and_kept_other_files(gcs_run):
     assert not [p for p in objects if "/.staging/" in p]
     kinds = {p[len(output) + 1:].split("/")[0] for p in objects}
     assert kinds <= {"pretrain", "sft", "rejected", "filtered", "manifest.json", "notes.txt",
-                     "tokenizer"}
+                     "tokenizer", "report.html", "README.md"}
 
 
 def test_a_second_run_without_overwrite_is_refused_and_changes_nothing(

@@ -148,7 +148,8 @@ def test_phases_land_in_their_own_directories(tmp_path, qwen_tokenizer):
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path}/basic/manifest.json")):
         run(again)
     run([*again, "--overwrite=true"])
-    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[-2:-1] != ("sft",)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()
+                and p.parts[-2] not in ("sft", "tokenizer")
                 and p.name not in ("manifest.json", "report.html", "README.md")]
     assert not [p for p in (tmp_path / "basic").rglob("*") if p.is_file()]
     assert not [p for p in (tmp_path / "reasoning").rglob("*") if p.is_file()]

@@ -4,6 +4,7 @@ and the copy that survives is always the one with the smallest record key."""
 import itertools
 import json
 import random
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -13,13 +14,18 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record
+from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
 )
+from transforms.io.readers import parse_input_spec, plan_shards
+from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import (
+    CONTENT,
+    ChunkDecisions,
+    ConnectedComponents,
     DedupConfig,
-    DuplicateIndex,
     FindDuplicates,
     MinHasher,
     band_keys,
@@ -28,11 +34,14 @@ from transforms.knowledge.dedup import (
     candidate_pairs_in_bucket,
     content_hash,
     document_keys,
+    file_numbering,
     resolve_duplicates,
     shingles,
     similarity,
+    write_decisions,
 )
 from transforms.knowledge.normalize import normalize_text
+from transforms.knowledge.options import KnowledgeConfig
 from transforms.knowledge.quality import TextStats
 
 require_shared_data()
@@ -59,8 +68,8 @@ def restyled(text: str) -> str:
     return text.upper().replace("'", "\u2019").replace(".", "!")
 
 
-def keys_of(key, text: str, hasher: MinHasher | None):
-    return document_keys(key, TextStats(text), CONFIG, hasher)
+def keys_of(key, text: str, hasher: MinHasher | None, chunk: int = 0):
+    return document_keys(key, chunk, TextStats(text), CONFIG, hasher)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +124,7 @@ def test_small_edits_of_real_pages_are_near_copies(words, long_pages, hasher):
     for seed, text in enumerate(long_pages[:40]):
         original = keys_of((0, 0, 0), text, hasher)
         copy = keys_of((1, 1, 0), edited(text, words, seed), hasher)
-        assert original.content != copy.content
+        assert original.node[CONTENT] != copy.node[CONTENT]
         assert similarity(original.signature, copy.signature) >= CONFIG.threshold
         assert set(original.bands) & set(copy.bands), "LSH must make them candidates"
 
@@ -124,7 +133,7 @@ def test_restyled_pages_are_near_copies_with_all_shingles_equal(long_pages, hash
     for text in long_pages[:20]:
         original = keys_of((0, 0, 0), text, hasher)
         copy = keys_of((0, 0, 1), restyled(text), hasher)
-        assert original.content != copy.content and original.signature == copy.signature
+        assert original.node[CONTENT] != copy.node[CONTENT] and original.signature == copy.signature
 
 
 def test_distinct_real_documents_are_not_near_copies(hasher):
@@ -137,8 +146,8 @@ def test_distinct_real_documents_are_not_near_copies(hasher):
 
 
 def test_a_bucket_pairs_its_first_member_with_each_other_content():
-    a, b, c, d = (0, 0, 0), (0, 0, 5), (1, 1, 0), (1, 1, 9)
-    members = [(d, b"2"), (c, b"1"), (b, b"1"), (a, b"0")]  # b and c: the same content
+    a, b, c, d = (0, 0, 0, 3, b"0"), (0, 0, 5, 3, b"1"), (1, 1, 0, 2, b"1"), (1, 1, 9, 2, b"2")
+    members = [d, c, b, a]  # b and c: the same content
     assert list(candidate_pairs((b"band", members))) == [(a, b), (a, d)]
 
 
@@ -153,7 +162,7 @@ def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
     plain: dict[bytes, list] = {}
     for doc in docs:
         for band in doc.bands:
-            plain.setdefault(band, []).append((doc.key, doc.content))
+            plain.setdefault(band, []).append(doc.node)
     expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
     assert expected, "the near copy shares a band with its original"
     per_bucket: dict[int, list[bytes]] = {}
@@ -164,14 +173,59 @@ def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
     found = sorted(pair for bucket in per_bucket.items()
                    for pair in candidate_pairs_in_bucket(bucket))
     assert found == expected
-    assert all(isinstance(part, int) for pair in found for key in pair for part in key)
+    assert all(isinstance(part, int) for pair in found for node in pair
+               for part in node[:CONTENT])
+
+
+def node(*key: int) -> tuple:
+    return (*key, 0, b"")
 
 
 def test_clusters_keep_their_smallest_key_whatever_the_edge_order():
-    a, b, c, d = (0, 1, 0), (0, 1, 7), (1, 0, 0), (1, 0, 3)
+    a, b, c, d = node(0, 1, 0), node(0, 1, 7), node(1, 0, 0), node(1, 0, 3)
     expected = {b: (DUPLICATE_NEAR, a), c: (DUPLICATE_NEAR, a), d: (DUPLICATE_EXACT, a)}
     for edges in itertools.permutations([(b, c), (a, b)]):
         assert resolve_duplicates([(d, c)], edges) == expected
+
+
+def random_graph(seed: int) -> tuple[list, list]:
+    """Exact groups (stars around their first) and near pairs on 60 nodes, with chains and
+    clusters that merge through exact copies: the shapes label propagation must resolve."""
+    rng = random.Random(seed)
+    nodes = [node(rng.randrange(3), rng.randrange(4), position) for position in range(60)]
+    rng.shuffle(nodes)
+    exact = []
+    for group in (nodes[0:4], nodes[4:6], nodes[30:33]):
+        first, *others = sorted(group)
+        exact += [(other, first) for other in others]
+    copies = {copy for copy, _ in exact}
+    firsts = [n for n in nodes if n not in copies]
+    near = [tuple(sorted(rng.sample(firsts, 2))) for _ in range(25)]
+    near += list(itertools.pairwise(sorted(firsts[40:46], reverse=True)))  # a chain of 5
+    return exact, near
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_label_propagation_decides_as_union_find(seed):
+    """ConnectedComponents over the shuffle against the one-machine definition."""
+    exact, near = random_graph(seed)
+    expected = resolve_duplicates(exact, near)
+    assert len({kept for _, kept in expected.values()}) > 2, "several clusters"
+    edges = [(*edge, True) for edge in exact] + [(*edge, False) for edge in near]
+    with test_pipeline.TestPipeline() as p:
+        found = p | beam.Create(edges) | ConnectedComponents()
+        assert_that(found, equal_to([(n, *decided) for n, decided in expected.items()]))
+
+
+def test_label_propagation_refuses_to_decide_before_it_converges():
+    chain = [node(0, 0, position) for position in range(6)]
+    edges = [(a, b, False) for a, b in itertools.pairwise(chain)]
+    with (pytest.raises(Exception, match="did not converge in 5 rounds"),
+          test_pipeline.TestPipeline() as p):
+        _ = p | beam.Create(edges) | ConnectedComponents(rounds=5)
+    with test_pipeline.TestPipeline() as p:  # six rounds: five to carry the label, one to see
+        found = p | beam.Create(edges) | ConnectedComponents(rounds=6)
+        assert_that(found, equal_to([(n, DUPLICATE_NEAR, chain[0]) for n in chain[1:]]))
 
 
 def test_num_perm_must_split_into_bands():
@@ -196,7 +250,7 @@ def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages,
         ((1, pages_file, 30), pages[2]),  # near copy (same words, other style)
         ((1, pages_file, 40), pages[3]),  # distinct: survives
     ]
-    keys = [keys_of(key, text, hasher) for key, text in docs]
+    keys = [keys_of(key, text, hasher, chunk=key[2] // 100) for key, text in docs]
     expected = {
         (0, copies, 300): (DUPLICATE_EXACT, (0, copies, 100)),
         (1, pages_file, 0): (DUPLICATE_EXACT, (0, copies, 100)),
@@ -205,21 +259,81 @@ def test_find_duplicates_across_inputs_keeps_the_smallest_record_key(long_pages,
     }
     with test_pipeline.TestPipeline() as p:
         batches = [tuple(keys[:3]), tuple(keys[3:5]), tuple(keys[5:])]  # chunks
-        found = p | beam.Create(batches) | FindDuplicates(CONFIG.threshold, buckets)
-        assert_that(found, equal_to([expected]))
+        found = (p | beam.Create(batches) | FindDuplicates(CONFIG.threshold, buckets)
+                 | beam.MapTuple(lambda n, reason, kept: (n[:CONTENT - 1], (reason, kept[:3]))))
+        assert_that(found, equal_to(list(expected.items())))
 
 
-def test_the_index_numbers_files_in_path_order_and_names_the_survivor():
-    files = DuplicateIndex.numbering(["/data/b.jsonl", "/data/a.jsonl", "/data/b.jsonl"])
+def test_a_chunks_decisions_are_read_back_and_name_the_survivor(tmp_path):
+    files = file_numbering(["/data/b.jsonl", "/data/a.jsonl", "/data/b.jsonl"])
     assert files == ("/data/a.jsonl", "/data/b.jsonl")
-    index = DuplicateIndex(files, {(1, 1, 40): (DUPLICATE_NEAR, (0, 0, 7))})
-    copy = Record("/data/b.jsonl", 40, 1, "text")
-    assert index.verdict(copy) == (
+    numbers = {path: number for number, path in enumerate(files)}
+    copy = (1, 1, 40, 9, content_hash("text"))
+    path = write_decisions((9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))]), str(tmp_path))
+    found = ChunkDecisions.read(path)
+    assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == (
         DUPLICATE_NEAR, "copy of the document at position 7 of /data/a.jsonl (input 0)")
-    assert index.verdict(Record("/data/a.jsonl", 40, 1, "text")) is None
+    assert found.verdict(Record("/data/a.jsonl", 40, 1, "text"), files, numbers) is None
+    # a stale decision (made for another text at that place) drops nothing
+    assert found.verdict(Record("/data/b.jsonl", 40, 1, "new text"), files, numbers) is None
+    assert ChunkDecisions.read(str(tmp_path / "absent.arrow")).drops == {}
 
 
-def test_find_duplicates_of_nothing_is_an_empty_dict():
+def test_find_duplicates_of_nothing_decides_nothing():
     with test_pipeline.TestPipeline() as p:
         found = p | beam.Create([]) | FindDuplicates(CONFIG.threshold)
-        assert_that(found, equal_to([{}]))
+        assert_that(found, equal_to([]))
+
+
+def drop_decisions(found, files):
+    """(file name, position, reason, survivor's file name, survivor's position) per dropped
+    document, from what ``FindDuplicateDocuments`` returns: its decision files, read back."""
+    def flat(path: str):
+        for (_, number, position), (_, reason, (_, kept_number, kept_position)) in \
+                ChunkDecisions.read(path).drops.items():
+            yield (Path(files[number]).name, position, reason, Path(files[kept_number]).name,
+                   kept_position)
+
+    return found | "Flat" >> beam.FlatMap(flat)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory, long_pages) -> tuple[list[str], dict]:
+    """Two real input files, the --input values and the offset of each line by (file, line)."""
+    a, b, c, d = long_pages[:4]
+    once = edited(a, 2, seed=3)
+    files = {
+        "first.jsonl": [a, b, once, "A short line with too few words."],
+        "second.jsonl": [c, edited(once, 2, seed=5), a + "\n\n", restyled(b), d, d, once],
+    }
+    folder = tmp_path_factory.mktemp("sample")
+    offsets = {}
+    for name, texts in files.items():
+        lines = [json.dumps({"text": text}) + "\n" for text in texts]
+        (folder / name).write_text("".join(lines))
+        starts = itertools.accumulate((len(line.encode()) for line in lines), initial=0)
+        offsets.update({(name, i): start for i, start in enumerate(starts) if i < len(lines)})
+    return [str(folder / name) for name in files], offsets
+
+
+def test_find_duplicate_documents_drops_every_copy_and_keeps_the_first(sample, tmp_path):
+    """The composite on real files, two lines per chunk: a page, its exact copies (one only
+    after normalisation), its near copy and the near copy's own near copy form one cluster,
+    kept at the page; a restyled page is a near copy; a page repeated in the later file keeps
+    its first line. The quality filter's drop (the short line) is not keyed at all."""
+    values, at = sample
+    specs = [parse_input_spec(i, value) for i, value in enumerate(values)]
+    config = KnowledgeConfig(block_size=64, remainder="pad")
+    first, second = "first.jsonl", "second.jsonl"
+    expected = [
+        (first, at[first, 2], DUPLICATE_NEAR, first, at[first, 0]),
+        (second, at[second, 1], DUPLICATE_NEAR, first, at[first, 0]),
+        (second, at[second, 2], DUPLICATE_EXACT, first, at[first, 0]),
+        (second, at[second, 3], DUPLICATE_NEAR, first, at[first, 1]),
+        (second, at[second, 5], DUPLICATE_EXACT, second, at[second, 4]),
+        (second, at[second, 6], DUPLICATE_EXACT, first, at[first, 0]),
+    ]
+    with test_pipeline.TestPipeline() as p:
+        found = p | FindDuplicateDocuments(plan_shards(specs), specs, 2, 1 << 20, config,
+                                           DEFAULT_TOKENIZER, str(tmp_path))
+        assert_that(drop_decisions(found, file_numbering(values)), equal_to(expected))

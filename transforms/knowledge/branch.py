@@ -10,11 +10,13 @@ document is ``filtered`` with its reason code. Rows depend only on the input. To
 numpy int32 arrays.
 
 Deduplication needs the whole dataset, so it runs in two passes (``FindDuplicateDocuments``):
-the first reads the inputs again and shuffles only small keys per document (in batches per
-chunk); the main pass drops the copies it names, chunk by chunk, with that small
-``DuplicateIndex`` as a side input. The documents themselves are never shuffled, and no read is
-shared between the passes, so Beam never has to keep a pass's chunks while the index is built:
-the main read is fused with the steps after the side input and runs once the index is ready.
+the first reads the inputs again, shuffles only small keys per document (in batches per chunk),
+resolves clusters through the shuffle and writes each chunk's drop decisions to a file of its
+own in staging; the main pass's ``DropDuplicates`` reads the file of the chunk in hand. Its only
+side input is the number of decision files written (one int): it makes the main pass wait for
+them. The documents themselves are never shuffled, and no read is shared between the passes, so
+Beam never has to keep a pass's chunks while the decisions are made: the main read is fused with
+the steps after that side input and runs once the decisions are written.
 The first pass also leaves each document's quality verdict and, for those it keys, their token
 ids (encoded on a background thread) in the staging directory by text hash
 (``transforms.knowledge.token_cache``): that pass keeps one core busy with Python, so the other
@@ -78,11 +80,16 @@ from transforms.curation.splits import SplitOff, content_digest
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup import (
+    DECISIONS,
+    ChunkDecisions,
     DocumentKeys,
-    DuplicateIndex,
     FindDuplicates,
     MinHasher,
+    WriteDecisions,
+    chunk_number,
+    decisions_path,
     document_keys,
+    file_numbering,
     record_key,
 )
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
@@ -188,17 +195,29 @@ def document_steps(config: KnowledgeConfig, token_cache: str | None = None
 
 
 class DropDuplicates(DocumentStep):
-    """Drops the copies that ``FindDuplicateDocuments`` named (its ``DuplicateIndex`` is the
-    side input)."""
+    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file.
+
+    The side input is only the number of decision files written, so that the chunk is judged
+    after every file is there; each chunk reads its own file alone.
+    """
 
     step_name = "dedup"
 
-    def process(self, chunk: RecordChunk, duplicates: DuplicateIndex) -> Iterator[Any]:
-        self.duplicates = duplicates
+    def __init__(self, files: Sequence[str], decisions: str):
+        self.files = tuple(files)
+        self.decisions = decisions
+
+    def setup(self) -> None:
+        self.file_numbers = {path: number for number, path in enumerate(self.files)}
+
+    def process(self, chunk: RecordChunk, written: int) -> Iterator[Any]:
+        self.found = (ChunkDecisions.read(decisions_path(self.decisions,
+                                                         chunk_number(chunk.chunk_id)))
+                      if written else ChunkDecisions({}))
         yield from super().process(chunk)
 
     def judge(self, record: Record) -> Record | tuple[str, str]:
-        return self.duplicates.verdict(record) or record
+        return self.found.verdict(record, self.files, self.file_numbers) or record
 
 
 # --------------------------------------------------------------------------- deduplication
@@ -237,7 +256,8 @@ class KeyDocuments(BackgroundWriter):
                        [stats.digest for _, (stats, _) in judged],
                        [reason for _, (_, reason) in judged],
                        [stats.text for _, stats in kept])
-        keys = tuple(document_keys(record_key(record, self.file_numbers), stats,
+        chunk = chunk_number(chunk.chunk_id)
+        keys = tuple(document_keys(record_key(record, self.file_numbers), chunk, stats,
                                    self.config.dedup, self.hasher) for record, stats in kept)
         if keys:
             yield keys  # one element per chunk: a shuffled element costs more than its keys
@@ -285,18 +305,29 @@ class SecondRead:
     def token_cache(self) -> str:
         return FileSystems.join(self.staging_dir, TOKEN_CACHE)
 
+    @property
+    def decisions(self) -> str:
+        return FileSystems.join(self.staging_dir, DECISIONS)
+
+
+def dedup_shards(shards: Sequence[ShardSpec], specs: Sequence[InputSpec]) -> list[ShardSpec]:
+    """The shards deduplication reads: those of inputs not declared ``branch=instruction``."""
+    instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
+    return [shard for shard in shards if shard.input_index not in instruction_only]
+
 
 class FindDuplicateDocuments(beam.PTransform):
-    """Pass one: reads the inputs again (those not declared ``branch=instruction``) and returns
-    one dict of the record keys to drop."""
+    """Pass one: reads the inputs again (those not declared ``branch=instruction``), writes the
+    drop decisions of each chunk that has any to its file under ``decisions``, and returns
+    those files' paths."""
 
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
-                 tokenizer: str, token_cache: str | None = None):
+                 tokenizer: str, decisions: str, token_cache: str | None = None):
         super().__init__()
-        instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
-        self.shards = [shard for shard in shards if shard.input_index not in instruction_only]
+        self.shards = dedup_shards(shards, specs)
         self.specs = tuple(specs)
+        self.decisions = decisions
         self.chunk_records = chunk_records
         self.max_record_bytes = max_record_bytes
         self.config = config
@@ -304,7 +335,7 @@ class FindDuplicateDocuments(beam.PTransform):
         self.token_cache = token_cache
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        files = DuplicateIndex.numbering(shard.path for shard in self.shards)
+        files = file_numbering(shard.path for shard in self.shards)
         return (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
@@ -312,7 +343,7 @@ class FindDuplicateDocuments(beam.PTransform):
                                                         self.tokenizer, self.token_cache))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
                                                  key_buckets(len(self.shards)))
-            | "Index" >> beam.Map(lambda drops: DuplicateIndex(files, drops)))
+            | "WriteDecisions" >> WriteDecisions(self.decisions))
 
 
 # --------------------------------------------------------------------------- tokens and blocks
@@ -527,24 +558,26 @@ class KnowledgeBranch(beam.PTransform):
         self.token_cache = None if config.dedup.mode == "none" else second_read.token_cache
         self.curation = curation or BranchCuration()
 
-    def _duplicates(self, pipeline: beam.Pipeline) -> beam.PCollection | None:
-        """Deduplication's first pass, or None when it is off."""
-        if self.token_cache is None:
-            return None
+    def _drop_duplicates(self, pipeline: beam.Pipeline) -> tuple[DropDuplicates, beam.PCollection]:
+        """Deduplication's first pass; the main pass's step and its side input, the number of
+        decision files written."""
         read = self.second_read
-        return pipeline | "FindDuplicateDocuments" >> FindDuplicateDocuments(
-            read.shards, read.specs, read.chunk_records, read.max_record_bytes, self.config,
-            self.tokenizer, self.token_cache)
+        written = (pipeline
+                   | "FindDuplicateDocuments" >> FindDuplicateDocuments(
+                       read.shards, read.specs, read.chunk_records, read.max_record_bytes,
+                       self.config, self.tokenizer, read.decisions, self.token_cache)
+                   | "CountDecisionFiles" >> beam.combiners.Count.Globally())
+        files = file_numbering(shard.path for shard in dedup_shards(read.shards, read.specs))
+        return DropDuplicates(files, read.decisions), written
 
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         config, curation = self.config, self.curation
-        duplicates = self._duplicates(chunks.pipeline)
         steps = StepChain(chunks)
         for label, step in document_steps(config, self.token_cache):
             steps.then(label, step)
-        if duplicates is not None:
-            steps.then("DropDuplicates", DropDuplicates(),
-                       side_inputs=[beam.pvalue.AsSingleton(duplicates)])
+        if self.token_cache is not None:
+            drop, written = self._drop_duplicates(chunks.pipeline)
+            steps.then("DropDuplicates", drop, side_inputs=[beam.pvalue.AsSingleton(written)])
         if curation.decontam is not None:
             steps.then("Decontaminate",
                        Decontaminate(curation.decontam, KNOWLEDGE, document_texts))

@@ -2,12 +2,14 @@
 
 Only small keys are shuffled, never the documents (README, "Determinism and memory": on the
 DirectRunner a shuffle holds all its data in memory). Pass one turns every kept document into
-``DocumentKeys``: its record key, a hash of its normalised text and, for near-duplicate
-detection, a MinHash signature and its LSH band keys. ``FindDuplicates`` groups those keys,
-verifies candidate pairs by their estimated Jaccard similarity, joins verified pairs into
-clusters and returns one dict: the record keys to drop, each with its reason and the key of the
-copy that survives. The main pass drops them chunk by chunk, with that dict (in a
-``DuplicateIndex``) as a side input.
+``DocumentKeys``: its node (record key, chunk and a hash of its normalised text) and, for
+near-duplicate detection, a MinHash signature and its LSH band keys. ``FindDuplicates`` groups
+those keys, verifies candidate pairs by their estimated Jaccard similarity and joins copies into
+clusters by label propagation over the shuffle (``ConnectedComponents``), one decision per
+document to drop. The decisions are grouped by chunk and written to one small file per chunk
+(``write_decisions``); the main pass's ``DropDuplicates`` reads its own chunk's file. Nothing
+that grows with the documents or the duplicates is held on one worker or sent to every worker
+(docs/dedup.md).
 
 The surviving copy is always the one with the smallest record key (input index, source,
 position), whatever the runner, worker count or bundle boundaries.
@@ -17,19 +19,22 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import Record
+from transforms.core.steps import METRICS_NAMESPACE
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
 )
+from transforms.io.writers import read_arrow, write_arrow
 from transforms.knowledge.quality import TextStats, ngram_hashes, text_hash
 from transforms.knowledge.words import mix
 
@@ -38,14 +43,25 @@ MODES = ("none", "exact", "near")
 # (input index, file number, position): orders the copies. Files are numbered in path order, so
 # this sorts like (input index, source, position) while every shuffled key stays a few ints.
 RecordKey = tuple[int, int, int]
-Pair = tuple[RecordKey, RecordKey]
+# A document in the duplicate graph: its record key, then the number of its chunk (where its
+# decision goes) and the hash of its text (which the main pass checks). The record key alone
+# orders nodes: it is unique.
+Node = tuple[int, int, int, int, bytes]
+CHUNK, CONTENT = 3, 4
+Pair = tuple[Node, Node]
+Decision = tuple[Node, str, Node]  # (document to drop, reason, surviving document)
+# Rounds of label propagation: a cluster's labels are final after as many rounds as the longest
+# shortest path from a member to its smallest one, and one more round confirms it. Exact groups
+# and LSH buckets are stars around their smallest member (one hop); paths grow only where near
+# copies chain through different bands.
+MAX_ROUNDS = 8
 
 SEED = 0x5EED  # of the MinHash hash: fixed, so signatures agree across runs and workers
 _HALF = np.uint64(32)
 _EMPTY = 1 << 32  # a bin no shingle reached: above every 32-bit value
 # One row per document and band, for the band shuffle: the band key as a number, then the
-# document's record key and content hash.
-_BAND_ROW = np.dtype([("band", "<u8"), ("key", "<i8", (3,)), ("content", "V16")])
+# document's node (record key, chunk number and content hash).
+_BAND_ROW = np.dtype([("band", "<u8"), ("key", "<i8", (4,)), ("content", "V16")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +93,7 @@ class DedupConfig:
 class DocumentKeys:
     """What pass one keeps of a document: under a kilobyte, however long the text is."""
 
-    key: RecordKey
-    content: bytes  # hash of the normalised text
+    node: Node
     bands: tuple[bytes, ...] = ()  # LSH band keys (near mode)
     signature: bytes = b""  # MinHash signature, little-endian uint32 (near mode)
 
@@ -87,28 +102,84 @@ def record_key(record: Record, file_numbers: Mapping[str, int]) -> RecordKey:
     return (record.input_index, file_numbers[record.source], record.position)
 
 
-@dataclasses.dataclass(frozen=True)
-class DuplicateIndex:
-    """The main pass's side input: the records to drop, each with its reason and survivor."""
+def file_numbering(paths: Iterable[str]) -> tuple[str, ...]:
+    """File number -> path, in path order: both passes number the files alike."""
+    return tuple(sorted(set(paths)))
 
-    files: tuple[str, ...]  # file number -> path, in path order
-    drops: Mapping[RecordKey, tuple[str, RecordKey]]
+
+def chunk_number(chunk_id: str) -> int:
+    """A chunk's number in the shuffled nodes (a signed 64-bit hash of its id): it names the
+    chunk's decision file. Two chunks that shared one would share a file, which still holds
+    only decisions found by record key and text hash."""
+    return int.from_bytes(hashlib.blake2b(chunk_id.encode("utf-8"), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+DECISIONS = "dedup-decisions"  # under the staging directory: one file per chunk with drops
+_DECISION_SCHEMA = pa.schema([
+    ("input", pa.int64()), ("file", pa.int64()), ("position", pa.int64()),
+    ("digest", pa.binary(16)), ("reason", pa.string()),
+    ("kept_input", pa.int64()), ("kept_file", pa.int64()), ("kept_position", pa.int64()),
+])
+
+
+def decisions_path(directory: str, chunk: int) -> str:
+    return FileSystems.join(directory, f"{chunk & 0xFFFFFFFFFFFFFFFF:016x}.arrow")
+
+
+def write_decisions(group: tuple[int, Iterable[Decision]], directory: str) -> str:
+    """One chunk's decisions, sorted, to its file (a retried bundle writes the same bytes);
+    the path out."""
+    chunk, decisions = group
+    rows = sorted(decisions)
+    columns = list(zip(*((*node[:CHUNK], node[CONTENT], reason, *kept[:CHUNK])
+                         for node, reason, kept in rows), strict=True))
+    path = decisions_path(directory, chunk)
+    write_arrow(path, pa.table(dict(zip(_DECISION_SCHEMA.names, columns, strict=True)),
+                               schema=_DECISION_SCHEMA))
+    return path
+
+
+class WriteDecisions(beam.PTransform):
+    """Decisions in, grouped by chunk and written to one file per chunk; the paths out."""
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = directory
+
+    def expand(self, decisions: beam.PCollection) -> beam.PCollection:
+        return (decisions
+                | "ByChunk" >> beam.Map(lambda decision: (decision[0][CHUNK], decision))
+                | "GroupByChunk" >> beam.GroupByKey()
+                | "Write" >> beam.Map(write_decisions, self.directory))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkDecisions:
+    """The decisions of one chunk, as the main pass reads them back: by record key, each with
+    the hash of the text it was made for, its reason and the surviving record's key."""
+
+    drops: Mapping[RecordKey, tuple[bytes, str, RecordKey]]
 
     @classmethod
-    def numbering(cls, paths: Iterable[str]) -> tuple[str, ...]:
-        return tuple(sorted(set(paths)))
+    def read(cls, path: str) -> ChunkDecisions:
+        """The file's decisions; none without a file (a chunk with nothing to drop)."""
+        if not FileSystems.exists(path):
+            return cls({})
+        rows = read_arrow(path).to_pylist()
+        return cls({(row["input"], row["file"], row["position"]): (
+            row["digest"], row["reason"],
+            (row["kept_input"], row["kept_file"], row["kept_position"])) for row in rows})
 
-    @functools.cached_property
-    def file_numbers(self) -> dict[str, int]:
-        return {path: number for number, path in enumerate(self.files)}
-
-    def verdict(self, record: Record) -> tuple[str, str] | None:
-        """(reason, message naming the surviving copy) for a record to drop, else None."""
-        found = self.drops.get(record_key(record, self.file_numbers))
-        if found is None:
+    def verdict(self, record: Record, files: Sequence[str],
+                file_numbers: Mapping[str, int]) -> tuple[str, str] | None:
+        """(reason, message naming the surviving copy) for a record to drop, else None. A
+        decision counts only for the text it was made for, so a stale file drops nothing."""
+        found = self.drops.get(record_key(record, file_numbers))
+        if found is None or found[0] != text_hash(record.value):
             return None
-        reason, (index, number, position) = found
-        return reason, (f"copy of the document at position {position} of {self.files[number]} "
+        _, reason, (index, number, position) = found
+        return reason, (f"copy of the document at position {position} of {files[number]} "
                         f"(input {index})")
 
 
@@ -185,111 +256,223 @@ def similarity(signature_a: bytes, signature_b: bytes) -> float:
     return float(np.mean(a == b))
 
 
-def document_keys(key: RecordKey, stats: TextStats, config: DedupConfig,
+def document_keys(key: RecordKey, chunk: int, stats: TextStats, config: DedupConfig,
                   hasher: MinHasher | None) -> DocumentKeys:
     """The keys pass one emits for one document; MinHash keys only with a ``hasher``."""
+    node = (*key, chunk, stats.digest)
     if hasher is None:
-        return DocumentKeys(key, stats.digest)
+        return DocumentKeys(node)
     found = shingles(stats, config.ngram)
     if not len(found):  # no words: only an exact copy can match it
-        return DocumentKeys(key, stats.digest)
+        return DocumentKeys(node)
     signature = hasher.signature(found)
-    return DocumentKeys(key, stats.digest, band_keys(signature, config.bands),
-                        signature.tobytes())
+    return DocumentKeys(node, band_keys(signature, config.bands), signature.tobytes())
 
 
 # --------------------------------------------------------------------------- resolution
 
 
-def later_copies(group: tuple[bytes, Iterable[RecordKey]]) -> Iterator[Pair]:
-    """(copy, first) for every key of an exact group but its smallest (``first``)."""
-    _, keys = group
-    first, *others = sorted(keys)
+def later_copies(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
+    """(copy, first) for every node of an exact group but its smallest (``first``)."""
+    _, nodes = group
+    first, *others = sorted(nodes)
     for other in others:
         yield other, first
 
 
-def candidate_pairs(group: tuple[bytes, Iterable[tuple[RecordKey, bytes]]]) -> Iterator[Pair]:
+def candidate_pairs(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
     """Pairs to verify from one LSH bucket: its smallest member with each other member.
 
-    Exact copies share every bucket and are settled by the exact step, so only the first key
+    Exact copies share every bucket and are settled by the exact step, so only the first node
     per content hash takes part. A member that is not similar to the smallest one may still meet
     its near copies in another band.
     """
     _, members = group
-    first_by_content: dict[bytes, RecordKey] = {}
-    for key, content in sorted(members):
-        first_by_content.setdefault(content, key)
+    first_by_content: dict[bytes, Node] = {}
+    for node in sorted(members):
+        first_by_content.setdefault(node[CONTENT], node)
     first, *others = sorted(first_by_content.values())
     for other in others:
         yield first, other
 
 
 def resolve_duplicates(exact: Iterable[Pair],
-                       near: Iterable[Pair]) -> dict[RecordKey, tuple[str, RecordKey]]:
-    """The keys to drop, each with its reason and the key of the copy that survives.
+                       near: Iterable[Pair]) -> dict[Node, tuple[str, Node]]:
+    """The nodes to drop, each with its reason and the node that survives, on one machine:
+    the definition that ``ConnectedComponents`` computes through the shuffle (tests compare).
 
-    Verified near pairs are joined into clusters (union-find, the smallest key as root); every
-    member but the root is a near copy. An exact copy names its group's first key, or the root
-    that key's cluster leads to.
+    Verified near pairs are joined into clusters (union-find, the smallest node as root); every
+    member but the root is a near copy. An exact copy names its group's first node, or the root
+    that node's cluster leads to.
     """
-    parent: dict[RecordKey, RecordKey] = {}  # non-roots only
+    parent: dict[Node, Node] = {}  # non-roots only
 
-    def root(key: RecordKey) -> RecordKey:
-        path = []
-        while key in parent:
-            path.append(key)
-            key = parent[key]
-        for node in path:  # path compression
-            parent[node] = key
-        return key
+    def root(node: Node) -> Node:
+        while node in parent:
+            node = parent[node]
+        return node
 
     for a, b in near:
         ra, rb = root(a), root(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
-    drops = {key: (DUPLICATE_NEAR, root(key)) for key in list(parent)}
+    drops = {node: (DUPLICATE_NEAR, root(node)) for node in list(parent)}
     for copy, first in exact:
         drops[copy] = (DUPLICATE_EXACT, root(first))
     return drops
 
 
-class FindDuplicates(beam.PTransform):
-    """Batches of ``DocumentKeys`` (one per chunk) in; one dict {record key: (reason, surviving
-    key)} out.
+# A node's state between rounds: (label, exact copy, label changed last round, neighbours).
+State = tuple[Node, bool, bool, tuple[Node, ...]]
 
-    Shuffles: the content hashes, the band keys (record key and content hash per band, as
-    packed ``_BAND_ROW`` bytes), and the signatures of documents that have a candidate pair.
-    Each travels in batches, one per chunk and bucket (a stable hash of the key, modulo
-    ``buckets``), and is grouped by key inside its bucket: a shuffled element per document and
-    band cost more than all the rest of deduplication. ``buckets`` bounds what one bucket
-    holds, so size it to the input. Exact-only keys carry no bands, so the near-duplicate steps
-    then see nothing.
+
+def _start(group: tuple[Node, Iterable[tuple[Node, bool]]]) -> tuple[Node, State]:
+    """A node labelled with itself, with its neighbours; an exact copy if any edge says so."""
+    node, ends = group
+    ends = list(ends)
+    return node, (node, any(exact for _, exact in ends), True,
+                  tuple(sorted({neighbour for neighbour, _ in ends})))
+
+
+def _messages(state: tuple[Node, State]) -> Iterator[tuple[Node, tuple]]:
+    """A node's own state, and its label to each neighbour if it changed last round (a label
+    that did not change has nothing new to tell)."""
+    node, (label, exact, changed, neighbours) = state
+    yield node, (label, (exact, neighbours))
+    if changed:
+        for neighbour in neighbours:
+            yield neighbour, (label, None)
+
+
+class _Relabel(beam.CombineFn):
+    """A node's next state from its own and its neighbours' labels: the smallest label wins.
+    The accumulator is the node's own state and one label, however many neighbours send."""
+
+    def create_accumulator(self) -> tuple:
+        return None, None, None  # own label, (exact copy, neighbours), smallest label received
+
+    def add_input(self, accumulator: tuple, message: tuple) -> tuple:
+        label, facts = message  # facts: None for a neighbour's label
+        received = (None, None, label) if facts is None else (label, facts, None)
+        return self.merge_accumulators([accumulator, received])
+
+    def merge_accumulators(self, accumulators: Iterable[tuple]) -> tuple:
+        own, facts, best = None, None, None
+        for a_own, a_facts, a_best in accumulators:
+            if a_facts is not None:
+                own, facts = a_own, a_facts
+            if a_best is not None and (best is None or a_best < best):
+                best = a_best
+        return own, facts, best
+
+    def extract_output(self, accumulator: tuple) -> State:
+        own, (exact, neighbours), best = accumulator
+        changed = best is not None and best < own
+        return (best if changed else own), exact, changed, neighbours
+
+
+class _CountChanged(beam.DoFn):
+    """Counts the labels a round changed (a Beam metric per round: how fast it converges)."""
+
+    def __init__(self, round_number: int):
+        self.name = f"dedup.round_{round_number:02d}.changed"
+
+    def setup(self) -> None:
+        self.counter = beam.metrics.Metrics.counter(METRICS_NAMESPACE, self.name)
+
+    def process(self, state: tuple[Node, State]) -> Iterator[tuple[Node, State]]:
+        if state[1][2]:
+            self.counter.inc()
+        yield state
+
+
+def _drop_decisions(state: tuple[Node, State], rounds: int) -> Iterator[Decision]:
+    """The decision for a node that is not its cluster's smallest; refuses to decide on labels
+    that the last round still changed (the graph's diameter is beyond ``rounds``)."""
+    node, (label, exact, changed, _) = state
+    if changed:
+        raise RuntimeError(
+            f"deduplication's clusters did not converge in {rounds} rounds of label propagation "
+            f"(a chain of near copies longer than that); raise MAX_ROUNDS in "
+            f"transforms/knowledge/dedup.py")
+    if label < node:
+        yield node, DUPLICATE_EXACT if exact else DUPLICATE_NEAR, label
+
+
+class ConnectedComponents(beam.PTransform):
+    """Edges (exact copies to their first, verified near pairs) in; one ``Decision`` per node
+    that is not the smallest of its connected component out.
+
+    Min-label propagation (hash-min): every node starts labelled with itself; in each round a
+    node whose label changed sends it to its neighbours, and every node takes the smallest
+    label it received. After ``rounds`` rounds each label is its component's smallest node,
+    provided the last round changed nothing (checked; the job fails otherwise). Each round is
+    one ``CombinePerKey`` by node: what any one step holds is one node's state (its label and
+    its neighbours), never the graph.
     """
 
-    def __init__(self, threshold: float, buckets: int = 1):
+    def __init__(self, rounds: int = MAX_ROUNDS):
+        super().__init__()
+        self.rounds = rounds
+
+    def expand(self, edges: beam.PCollection) -> beam.PCollection:
+        state = (
+            edges
+            | "BothEnds" >> beam.FlatMap(lambda edge: ((edge[0], (edge[1], edge[2])),
+                                                       (edge[1], (edge[0], False))))
+            | "ByNode" >> beam.GroupByKey()
+            | "Start" >> beam.Map(_start))
+        for number in range(1, self.rounds + 1):
+            state = (
+                state
+                | f"Round{number:02d}Send" >> beam.FlatMap(_messages)
+                | f"Round{number:02d}Relabel" >> beam.CombinePerKey(_Relabel())
+                | f"Round{number:02d}Count" >> beam.ParDo(_CountChanged(number)))
+        return state | "Decide" >> beam.FlatMap(_drop_decisions, self.rounds)
+
+
+class FindDuplicates(beam.PTransform):
+    """Batches of ``DocumentKeys`` (one per chunk) in; one ``Decision`` (node, reason,
+    surviving node) per document to drop out.
+
+    Shuffles: the content hashes, the band keys (node per band, as packed ``_BAND_ROW``
+    bytes), and the signatures of documents that have a candidate pair. Each travels in
+    batches, one per chunk and bucket (a stable hash of the key, modulo ``buckets``), and is
+    grouped by key inside its bucket: a shuffled element per document and band cost more than
+    all the rest of deduplication. ``buckets`` bounds what one bucket holds, so size it to the
+    input. Exact copies (to their group's first) and verified near pairs are the edges of
+    ``ConnectedComponents``. Exact-only keys carry no bands, so the near-duplicate steps then
+    see nothing.
+    """
+
+    def __init__(self, threshold: float, buckets: int = 1, rounds: int = MAX_ROUNDS):
         super().__init__()
         self.threshold = threshold
         self.buckets = buckets
+        self.rounds = rounds
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         buckets = self.buckets
         exact = (
             batches
             | "ByContent" >> beam.FlatMap(lambda batch: by_bucket(
-                ((doc.content, doc.key) for doc in batch), buckets))
+                ((doc.node[CONTENT], doc.node) for doc in batch), buckets))
             | "GroupByContent" >> beam.GroupByKey()
             | "LaterCopies" >> beam.FlatMap(later_copies_in_bucket)
-            | "CollectCopies" >> beam.combiners.ToList())
+            | "ExactEdges" >> beam.MapTuple(lambda copy, first: (copy, first, True)))
         pairs = (
             batches
             | "ByBand" >> beam.FlatMap(band_rows_by_bucket, buckets)
             | "GroupByBand" >> beam.GroupByKey()
-            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket))
-        verified = (
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket)
+            # A pair is found in every band its two members share (up to all of them): once is
+            # enough, and the first member of a large cluster would otherwise meet each of its
+            # pairs that many times in the signature join.
+            | "DistinctPairs" >> beam.Distinct())
+        near = (
             {
                 "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
-                    ((doc.key, doc.signature) for doc in batch if doc.bands), buckets)),
+                    ((doc.node, doc.signature) for doc in batch if doc.bands), buckets)),
                 "pairs": pairs | "PairsByMember" >> beam.FlatMap(
                     lambda pair: ((bucket_of(member, buckets), (member, pair))
                                   for member in pair)),
@@ -298,14 +481,15 @@ class FindDuplicates(beam.PTransform):
             | "SignaturePerPair" >> beam.FlatMap(_signature_per_pair)
             | "GroupByPair" >> beam.GroupByKey()
             | "Verify" >> beam.FlatMap(_verified, self.threshold)
-            | "CollectPairs" >> beam.combiners.ToList())
-        return exact | "Resolve" >> beam.Map(resolve_duplicates,
-                                             beam.pvalue.AsSingleton(verified))
+            | "NearEdges" >> beam.MapTuple(lambda a, b: (a, b, False)))
+        return ((exact, near)
+                | "AllEdges" >> beam.Flatten()
+                | "Clusters" >> ConnectedComponents(self.rounds))
 
 
-def bucket_of(key: bytes | RecordKey, buckets: int) -> int:
+def bucket_of(key: bytes | Node, buckets: int) -> int:
     """A stable bucket for a key: the same in every process. Content hashes and band keys are
-    blake2b digests already, so their first bytes serve; record keys are hashed."""
+    blake2b digests already, so their first bytes serve; nodes are hashed."""
     if not isinstance(key, bytes):
         key = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     return int.from_bytes(key[:8], "little") % buckets
@@ -348,9 +532,10 @@ def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
     per_doc = [len(doc.bands) for doc in docs]
     rows = np.empty(sum(per_doc), dtype=_BAND_ROW)
     rows["band"] = np.frombuffer(b"".join(band for doc in docs for band in doc.bands), "<u8")
-    rows["key"] = np.repeat(np.array([doc.key for doc in docs], dtype=np.int64), per_doc, axis=0)
-    rows["content"] = np.repeat(np.frombuffer(b"".join(doc.content for doc in docs), "V16"),
-                                per_doc)
+    rows["key"] = np.repeat(np.array([doc.node[:CONTENT] for doc in docs], dtype=np.int64),
+                            per_doc, axis=0)
+    rows["content"] = np.repeat(np.frombuffer(b"".join(doc.node[CONTENT] for doc in docs),
+                                              "V16"), per_doc)
     bucket = rows["band"] % np.uint64(buckets)
     for number in np.unique(bucket).tolist():
         yield number, rows[bucket == number].tobytes()
@@ -367,10 +552,10 @@ def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[P
     shared[1:] = same
     shared[:-1] |= same
     rows = rows[shared]
-    members: dict[int, list[tuple[RecordKey, bytes]]] = collections.defaultdict(list)
+    members: dict[int, list[Node]] = collections.defaultdict(list)
     for band, key, content in zip(rows["band"].tolist(), rows["key"].tolist(),
                                   map(bytes, rows["content"]), strict=True):
-        members[band].append((tuple(key), content))
+        members[band].append((*key, content))
     for group in members.items():
         yield from candidate_pairs(group)
 
@@ -378,7 +563,7 @@ def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[P
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
     _, sides = joined
     signatures = dict(item for batch in sides["signature"] for item in batch)
-    for member, pair in sorted(set(sides["pairs"])):  # a pair found in several bands, once
+    for member, pair in sides["pairs"]:
         yield pair, signatures[member]
 
 
