@@ -38,8 +38,9 @@ demo: $(RUN_STAMP)
 lint: $(DEV_STAMP)
 	$(PY) -m ruff check .
 
+# Test files are spread over the cores; a file's tests share one process and its fixtures.
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 # The benchmark harness (BENCHMARKS.md); `make bench BENCH_ARGS=--quick` for a few-minute check.
 bench: $(DEV_STAMP)
