@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/gen_options_doc.py    # after adding or changing an option
 
-It reads the groups of ``beam_pipeline.options.OPTION_GROUPS`` as ``--help`` shows them, so the
+It reads the groups of ``beam_pipeline.options.OPTION_GROUPS``, and the launcher's own group of
+terminal options, as ``--help`` shows them, so the
 reference never drifts from the command line; ``tests/test_options.py`` fails while it is out of
 date. Beam's own options are listed by ``python -m beam_pipeline --help``.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from beam_pipeline import beam_internals
 from beam_pipeline.options import OPTION_GROUPS
-from beam_pipeline.pipeline import argument_parser
+from beam_pipeline.pipeline import CONSOLE_GROUP, argument_parser
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 
@@ -34,7 +35,8 @@ def options_reference() -> str:
              "as `python -m beam_pipeline --help`, which also lists Beam's own options. Every "
              "Beam option works too: `--runner`, `--direct_running_mode=multi_processing`, "
              "`--direct_num_workers`, `--project`, `--region`, `--temp_location` and so on.", ""]
-    for title, _ in OPTION_GROUPS:
+    # The pipeline's groups, then the launcher's own (terminal output of local runs).
+    for title in [title for title, _ in OPTION_GROUPS] + [CONSOLE_GROUP]:
         lines += [f"## {title[0].upper()}{title[1:]}", "", "| option | default | meaning |",
                   "|---|---|---|"]
         for action in groups[title]:
