@@ -11,6 +11,7 @@ import pytest
 
 from beam_pipeline.pipeline import run
 from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.io.manifest import summary_lines
 from transforms.io.readers import parse_input_spec, plan_shards, read_shard
 
 require_shared_data()
@@ -85,6 +86,12 @@ def test_instruction_sources_reach_their_token_shares(instruction_down):
     left_out = manifest["records"]["filtered"]["mix_unselected"]
     assert left_out == sum(s["records_in"] - s["records_out"] for s in report.values())
     assert manifest["records"]["balanced"]
+    # The summary says how many of the branch's tokens mixing kept: exactly what was packed.
+    [line] = [line for line in summary_lines(manifest) if line.startswith("mixing instruction")]
+    tokenized = sum(s["tokens_in"] for s in report.values())
+    assert line.startswith(f"mixing instruction (scale down): {tokenized:,} training tokens "
+                           f"-> {packed:,}; ")
+    assert packed < tokenized
 
 
 def test_scaling_up_repeats_records_and_leaves_none_out(tmp_path):

@@ -367,9 +367,14 @@ def _curation_lines(manifest: Mapping) -> list[str]:
     mixing = manifest.get("mixing", {})
     for branch in ("knowledge", "instruction"):
         if branch in mixing:
+            sources = mixing[branch]
             shares = ", ".join(f"{name} {s['share']:.1%} (target {s['target_share']:.1%})"
-                               for name, s in mixing[branch].items())
-            lines.append(f"mixing {branch} (scale {mixing['scale']}): {shares}")
+                               for name, s in sources.items())
+            # The branch's line above counts tokens as tokenized; these are what mixing kept.
+            before = sum(s["tokens_in"] for s in sources.values())
+            after = sum(s["tokens_out"] for s in sources.values())
+            lines.append(f"mixing {branch} (scale {mixing['scale']}): {before:,} training tokens "
+                         f"-> {after:,}; {shares}")
     decontam = manifest.get("decontamination")
     if decontam:
         removed = {branch: sum(found.values()) for branch, found in decontam["removed"].items()}
