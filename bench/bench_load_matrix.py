@@ -209,7 +209,8 @@ def load_matrix(mb: float, chart_path: Path) -> tuple[str, dict[str, dict]]:
             print(f"[load matrix] {fmt}: {measured}", file=sys.stderr, flush=True)
     chart(results, chart_path, f"{rows:,} rows of 2048 tokens ({rows * 2048 / 1e6:.0f} M tokens), "
           "one reader process each")
-    return f"{table(results)}\n\nChart: `{chart_path}`", results
+    shown = chart_path.relative_to(ROOT) if chart_path.is_relative_to(ROOT) else chart_path
+    return f"{table(results)}\n\nChart: `{shown}`", results
 
 
 if __name__ == "__main__":
