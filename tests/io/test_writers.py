@@ -1,6 +1,8 @@
 """Output planning, staging and the final files: row order, shard counts, formats, refusal."""
 
+import collections
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,19 +11,44 @@ import pytest
 from transforms.core.steps import Part
 from transforms.io.writers import (
     OutputFile,
+    ShardFiles,
     StagedFile,
     StagePart,
     WriteOutputFile,
     check_output_dir,
     clear_previous_outputs,
-    plan_output_files,
-    reconcile_staged,
+    cut_shard,
+    find_staged,
+    output_file,
+    place_shards,
+    shard_of,
     write_arrow,
 )
 
 
-def staged(kind: str, chunk: str, rows: int, size: int = 100) -> StagedFile:
-    return StagedFile(kind, (chunk, "s"), f"/staging/{chunk}", rows, size)
+def staged(kind: str, chunk: str, rows: int, size: int = 100, step: str = "s") -> StagedFile:
+    return StagedFile(kind, (chunk, step), f"/staging/{chunk}/{step}", rows, size)
+
+
+def plan_output_files(files: list[StagedFile], output_dir: str, num_shards: int,
+                      target_bytes: int) -> list[OutputFile]:
+    """The plan WriteOutputs makes through the shuffle, made here in one process: group by
+    (kind, shard), place the shards, cut them, group the slices by output file."""
+    groups = collections.defaultdict(list)
+    for f in files:
+        groups[(f.kind, shard_of(f.order[0]))].append(f)
+    shards = {key: ShardFiles(*key, tuple(sorted((f for f in group if f.rows),
+                                                 key=lambda f: f.order)))
+              for key, group in groups.items()}
+    places = dict(place_shards([(*key, s.rows, s.bytes) for key, s in shards.items()],
+                               num_shards, target_bytes))
+    pieces = collections.defaultdict(list)
+    for key, shard in shards.items():
+        joined = (key, {"files": [shard], "place": [places[key]] if key in places else []})
+        for file_key, piece in cut_shard(joined, output_dir):
+            pieces[file_key].append(piece)
+    return sorted((output_file(key, group) for key, group in pieces.items()),
+                  key=lambda plan: (plan.kind, plan.path))
 
 
 def test_plan_cuts_rows_in_chunk_order_into_the_requested_shards():
@@ -30,9 +57,9 @@ def test_plan_cuts_rows_in_chunk_order_into_the_requested_shards():
     assert [p.path for p in plans] == [f"/out/sft/part-{i:05d}-of-00003.parquet" for i in range(3)]
     # 8 rows -> 2, 3, 3; c0's rows come first.
     assert [p.slices for p in plans] == [
-        (("/staging/c0", 0, 2),),
-        (("/staging/c0", 2, 3), ("/staging/c2", 0, 2)),
-        (("/staging/c2", 2, 5),),
+        (("/staging/c0/s", 0, 2),),
+        (("/staging/c0/s", 2, 3), ("/staging/c2/s", 0, 2)),
+        (("/staging/c2/s", 2, 5),),
     ]
     assert [p.rows for p in plans] == [2, 3, 3]
 
@@ -51,6 +78,42 @@ def test_automatic_shard_count_follows_target_size_and_kinds_get_their_format():
         ("pretrain", "part-00002-of-00003.parquet"),
         ("rejected", "part-00000-of-00001.jsonl"),
     ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shard_by_shard_planning_cuts_every_row_once_in_input_order(seed):
+    """Against the plain definition: all of a kind's rows in (shard, chunk, step) order, row i
+    in file i * files // rows; the real chunk ids' form (``shard:n``) and tail groups."""
+    rng = random.Random(seed)
+    files = []
+    for shard in rng.sample(range(50), rng.randint(1, 6)):
+        for chunk in range(rng.randint(1, 4)):
+            for step in rng.sample(["blocks", "filter", "pack"], rng.randint(1, 3)):
+                files.append(staged(rng.choice(["pretrain", "sft"]),
+                                    f"000:in.jsonl:{shard:015d}:{chunk:06d}", rng.randint(0, 9),
+                                    step=step))
+    files.append(staged("pretrain", "~tails-00000", rng.randint(0, 9), step="blocks"))
+    num_shards = rng.randint(0, 7)
+    rng.shuffle(files)
+    plans = plan_output_files(files, "/out", num_shards, target_bytes=250)
+    for kind in ("pretrain", "sft"):
+        rows = [(f.path, i) for f in sorted((f for f in files if f.kind == kind),
+                                            key=lambda f: (shard_of(f.order[0]), f.order))
+                for i in range(f.rows)]
+        mine = [plan for plan in plans if plan.kind == kind]
+        count = len(mine)
+        if not rows:
+            assert not mine
+            continue
+        wanted = num_shards or -(-sum(f.bytes for f in files if f.kind == kind and f.rows)
+                                   // 250)
+        assert count == max(1, min(wanted, len(rows)))
+        expected = [[] for _ in range(count)]
+        for i, row in enumerate(rows):
+            expected[min(count - 1, ((i + 1) * count - 1) // len(rows))].append(row)
+        assert [[(path, i) for path, start, end in plan.slices for i in range(start, end)]
+                for plan in mine] == expected
+        assert all(plan.rows for plan in mine)
 
 
 def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
@@ -147,24 +210,25 @@ def test_a_failed_background_write_fails_the_bundle(tmp_path):
     stage.teardown()
 
 
-def test_staged_files_the_runner_did_not_report_are_found_on_storage(tmp_path):
+def test_staged_files_the_runner_did_not_report_are_found_in_their_shards_folder(tmp_path):
     staging = str(tmp_path / "staging")
     stage = StagePart(staging)
     stage.setup()
     stage.start_bundle()
     table = pa.table({"input_ids": pa.array([[1], [2], [3]], pa.list_(pa.int32()))})
-    [first] = stage.process(Part("sft", "c0", "pack", table))
-    [second] = stage.process(Part("sft", "c1", "pack", table.slice(0, 2)))
-    [bad] = stage.process(Part("rejected", "c1", "validate", pa.table({"reason": ["x"]})))
+    [first] = stage.process(Part("sft", "s:000000", "pack", table))
+    [second] = stage.process(Part("sft", "s:000001", "pack", table.slice(0, 2)))
+    [empty] = stage.process(Part("sft", "s:000002", "pack", table.slice(0, 0)))
+    [other] = stage.process(Part("sft", "t:000000", "pack", table))  # another shard
+    [bad] = stage.process(Part("rejected", "s:000001", "validate", pa.table({"reason": ["x"]})))
     stage.finish_bundle()
     # Other files under staging (the first pass's token ids) are not output parts.
     write_arrow(f"{staging}/token-cache/c0.arrow", pa.table({"tokens": [[1, 2]]}))
-    found = reconcile_staged([first], staging)
-    assert found[0] == first
-    recovered = sorted(found[1:], key=lambda f: f.path)
-    assert sorted((f.kind, f.order, f.path, f.rows) for f in recovered) == sorted([
-        ("sft", ("c1", "pack"), second.path, 2), ("rejected", ("c1", "validate"), bad.path, 1)])
-    assert reconcile_staged([first, second, bad], staging) == [first, second, bad]
+    found = find_staged((("sft", "s"), [first]), staging)
+    assert found == ShardFiles("sft", "s", (first, second))  # in order, without empty parts
+    assert found.rows == 5 and other not in found.files
+    assert find_staged((("sft", "s"), [second, first, empty, first]), staging) == found
+    assert find_staged((("rejected", "s"), []), staging).files == (bad,)
     # The order entry stays in staging: output files carry no footer entry of ours.
     out = tmp_path / "out.parquet"
     writer = WriteOutputFile(row_group_rows=8)

@@ -1,15 +1,18 @@
 """Writing outputs so that they are deterministic, evenly sharded and appear complete or not at all.
 
-Each chunk's tables are first staged as one Parquet file per (kind, chunk, step), named by a
-hash of that key, so a retried bundle rewrites the same file. Once every chunk is staged, a plan
-cuts the rows of each kind, in chunk order, into the requested number of output files, which
-are written in parallel by streaming slices of the staged files. Memory stays bounded by one
+Each chunk's tables are first staged as one Arrow file per (kind, chunk, step), named by a hash
+of that key in a folder per input shard, so a retried bundle rewrites the same file. Once every
+chunk is staged, the rows of each kind are cut, shard by shard and chunk by chunk, into the
+requested number of output files, which are written in parallel by streaming slices of the
+staged files. The plan moves through the shuffle: a shard's notes are grouped, only one small
+(rows, bytes) entry per shard is gathered to place the shards, and each output file's slices are
+grouped by file, so no step holds a note per staged file of the run. Memory stays bounded by one
 staged file, output rows and files depend only on the inputs and configuration, and
 ``manifest.json``, written last, marks the run complete.
 
 The plan trusts the staging directory, not only the runner: each staged file carries its place in
-the output order in its Parquet footer, so a file whose notice the runner failed to deliver is
-still found, counted and written (and the loss is logged).
+the output order in its footer, so a file whose notice the runner failed to deliver is still
+found in its shard's folder, counted and written (and the loss is logged).
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -99,9 +101,26 @@ class Progress:
             LOG.info("%s so far in this worker: %s", self.what, counts)
 
 
+def shard_of(chunk_id: str) -> str:
+    """The input shard a chunk was read from: its id without the chunk number (``shard:n``).
+    Tail groups and other ids without a number are their own shard."""
+    return chunk_id.rpartition(":")[0] or chunk_id
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def shard_staging_dir(staging_dir: str, kind: str, shard: str) -> str:
+    """Where one input shard's parts of one kind are staged: a folder each, so that the plan
+    can check a shard's files against the runner's notices without listing the whole run."""
+    return FileSystems.join(staging_dir, kind, _digest(shard))
+
+
 def staged_path(staging_dir: str, part: Part) -> str:
-    digest = hashlib.sha256(f"{part.chunk_id}\0{part.step}".encode()).hexdigest()[:24]
-    return FileSystems.join(staging_dir, part.kind, f"{digest}{STAGED_SUFFIX}")
+    name = _digest(f"{part.chunk_id}\0{part.step}") + STAGED_SUFFIX
+    return FileSystems.join(shard_staging_dir(staging_dir, part.kind, shard_of(part.chunk_id)),
+                            name)
 
 
 class BackgroundWriter(beam.DoFn):
@@ -183,49 +202,107 @@ def _staged_note(path: str, kind: str) -> StagedFile:
     return StagedFile(kind, (chunk_id, step), path, table.num_rows, table.nbytes)
 
 
-def reconcile_staged(reported: Sequence[StagedFile], staging_dir: str) -> list[StagedFile]:
-    """The runner's notices of staged files, plus any file on storage it did not deliver."""
-    known = {f.path for f in reported}
-    kinds = {FileSystems.join(staging_dir, kind): kind for kind in OUTPUT_KINDS}
-    missing = [(path, kinds[folder]) for path in _files_under(staging_dir)
-               for folder in [path.rsplit("/", 1)[0]]
-               if folder in kinds and path.endswith(STAGED_SUFFIX) and path not in known]
-    if not missing:
-        return list(reported)
-    LOG.warning("the runner did not deliver %d of %d staged-file notices; recovered them from %s",
-                len(missing), len(reported) + len(missing), staging_dir)
-    return [*reported, *(_staged_note(path, kind) for path, kind in missing)]
+@dataclasses.dataclass(frozen=True)
+class ShardFiles:
+    """One input shard's staged files of one kind that hold rows, in output order."""
+
+    kind: str
+    shard: str
+    files: tuple[StagedFile, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
 
 
-def plan_output_files(staged: Sequence[StagedFile], output_dir: str, num_shards: int,
-                      target_bytes: int) -> list[OutputFile]:
-    """Cuts each kind's rows, in chunk order, into files that all receive rows.
+def find_staged(group: tuple[tuple[str, str], Iterable[StagedFile]],
+                staging_dir: str) -> ShardFiles:
+    """A shard's staged files of one kind: the runner's notices, plus any file in the shard's
+    staging folder whose notice it did not deliver (logged). A shard none of whose notices
+    arrived is not looked for: the manifest's row check then fails the run."""
+    (kind, shard), reported = group
+    known = {f.path: f for f in reported}
+    missing = [path for path in _files_under(shard_staging_dir(staging_dir, kind, shard))
+               if path.endswith(STAGED_SUFFIX) and path not in known]
+    if missing:
+        LOG.warning("the runner did not deliver %d of %d staged-file notices of %s; recovered "
+                    "them from storage", len(missing), len(known) + len(missing), shard)
+    files = [*known.values(), *(_staged_note(path, kind) for path in missing)]
+    return ShardFiles(kind, shard, tuple(sorted((f for f in files if f.rows),
+                                                key=lambda f: f.order)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one shard's rows go among its kind's output files."""
+
+    first_row: int  # the kind's rows in the shards before this one
+    kind_rows: int
+    files: int  # output files of the kind
+
+    def file_of(self, row: int) -> int:
+        """The output file that holds the kind's ``row``: file i holds rows
+        [kind_rows * i // files, kind_rows * (i + 1) // files)."""
+        return min(self.files - 1, ((row + 1) * self.files - 1) // self.kind_rows)
+
+    def start(self, index: int) -> int:
+        return self.kind_rows * index // self.files
+
+
+def place_shards(sizes: Iterable[tuple[str, str, int, int]], num_shards: int,
+                 target_bytes: int) -> Iterator[tuple[tuple[str, str], Placement]]:
+    """Each (kind, shard)'s place in its kind's rows, shards in order, from (kind, shard, rows,
+    bytes) of every shard: one small entry per input shard, not per staged file.
 
     ``num_shards`` > 0 asks for that many files per kind (fewer if there are fewer rows);
-    0 picks ceil(bytes / target_bytes), at least one.
+    0 picks ceil(bytes / target_bytes), at least one. Every file receives rows.
     """
-    plans: list[OutputFile] = []
-    for kind in OUTPUT_KINDS:
-        files = sorted((f for f in staged if f.kind == kind and f.rows), key=lambda f: f.order)
-        total_rows = sum(f.rows for f in files)
-        if not total_rows:
-            continue
-        wanted = num_shards or math.ceil(sum(f.bytes for f in files) / target_bytes)
+    by_kind: dict[str, list[tuple[str, int, int]]] = collections.defaultdict(list)
+    for kind, shard, rows, size in sizes:
+        if rows:
+            by_kind[kind].append((shard, rows, size))
+    for kind, shards in by_kind.items():
+        shards.sort()
+        total_rows = sum(rows for _, rows, _ in shards)
+        wanted = num_shards or math.ceil(sum(size for *_, size in shards) / target_bytes)
         count = max(1, min(wanted, total_rows))
-        bounds = [total_rows * i // count for i in range(count + 1)]
-        extension = "parquet" if kind in PARQUET_KINDS else "jsonl"
-        ends = list(itertools.accumulate(f.rows for f in files))
-        for index in range(count):
-            lo, hi = bounds[index], bounds[index + 1]
-            slices = []
-            for staged_file, end in zip(files, ends, strict=True):
-                start = end - staged_file.rows
-                if end <= lo or start >= hi:
-                    continue
-                slices.append((staged_file.path, max(lo, start) - start, min(hi, end) - start))
-            name = f"part-{index:05d}-of-{count:05d}.{extension}"
-            plans.append(OutputFile(kind, FileSystems.join(output_dir, kind, name), tuple(slices)))
-    return plans
+        first = 0
+        for shard, rows, _ in shards:
+            yield (kind, shard), Placement(first, total_rows, count)
+            first += rows
+
+
+def output_path(output_dir: str, kind: str, index: int, count: int) -> str:
+    extension = "parquet" if kind in PARQUET_KINDS else "jsonl"
+    return FileSystems.join(output_dir, kind, f"part-{index:05d}-of-{count:05d}.{extension}")
+
+
+def cut_shard(joined: tuple[tuple[str, str], Mapping[str, list]], output_dir: str
+              ) -> Iterator[tuple[tuple[str, str], tuple[int, str, int, int]]]:
+    """A shard's staged files cut at its kind's output file boundaries:
+    ((kind, output path), (the kind's row it starts at, staged path, first row, end row))."""
+    (kind, _), sides = joined
+    for place in sides["place"]:  # none for a shard without rows
+        [shard] = sides["files"]
+        start = place.first_row
+        for staged_file in shard.files:
+            end = start + staged_file.rows
+            for index in range(place.file_of(start), place.file_of(end - 1) + 1):
+                lo, hi = max(start, place.start(index)), min(end, place.start(index + 1))
+                yield ((kind, output_path(output_dir, kind, index, place.files)),
+                       (lo, staged_file.path, lo - start, hi - start))
+            start = end
+
+
+def output_file(key: tuple[str, str], pieces: Iterable[tuple[int, str, int, int]]) -> OutputFile:
+    """One output file from its slices of staged files, put back in row order."""
+    kind, path = key
+    return OutputFile(kind, path, tuple((staged, start, end)
+                                        for _, staged, start, end in sorted(pieces)))
 
 
 def _read_staged(path: str) -> pa.Table:
@@ -403,13 +480,25 @@ class WriteOutputs(beam.PTransform):
                ) -> beam.PCollection:
         staged, stats = staged_and_stats
         staging_dir = FileSystems.join(self.output_dir, STAGING_DIR)
-        written = (
+        # Planned a shard at a time: what any one step holds is one input shard's notes, one
+        # output file's slices, or one (kind, shard, rows, bytes) per input shard.
+        shards = (
             staged
-            | "CollectStaged" >> beam.combiners.ToList()
-            | "FindStaged" >> beam.Map(reconcile_staged, staging_dir)
-            | "PlanFiles" >> beam.FlatMap(plan_output_files, self.output_dir, self.num_shards,
-                                          self.target_bytes)
-            | "SpreadFiles" >> beam.Reshuffle()
+            | "ByShard" >> beam.Map(lambda f: ((f.kind, shard_of(f.order[0])), f))
+            | "GroupByShard" >> beam.GroupByKey()
+            | "FindStaged" >> beam.Map(find_staged, staging_dir)
+            | "KeyByShard" >> beam.Map(lambda shard: ((shard.kind, shard.shard), shard)))
+        places = (
+            shards
+            | "ShardSizes" >> beam.MapTuple(lambda key, shard: (*key, shard.rows, shard.bytes))
+            | "CollectShardSizes" >> beam.combiners.ToList()
+            | "PlaceShards" >> beam.FlatMap(place_shards, self.num_shards, self.target_bytes))
+        written = (
+            {"files": shards, "place": places}
+            | "JoinPlaces" >> beam.CoGroupByKey()
+            | "CutShards" >> beam.FlatMap(cut_shard, self.output_dir)
+            | "ByOutputFile" >> beam.GroupByKey()
+            | "PlanFiles" >> beam.MapTuple(output_file)
             | "WriteFiles" >> beam.ParDo(WriteOutputFile(self.row_group_rows))
             | "CollectWritten" >> beam.combiners.ToList()
         )
