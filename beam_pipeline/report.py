@@ -164,9 +164,10 @@ def _pyplot() -> Any:
 
 def _figure(plt: Any, draw, width: float = 7.5, height: float = 3.0, columns: int = 1) -> str:
     """Draws with ``draw(axes...)`` and returns an <img> holding the SVG (no shared ids)."""
-    fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
+    # The constrained layout makes room for long rotated labels (tight_layout gave up on some).
+    fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False,
+                             layout="constrained")
     draw(*axes[0])
-    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
     plt.close(fig)
