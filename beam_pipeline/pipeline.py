@@ -43,7 +43,11 @@ from transforms.core.vocabulary import (
 )
 from transforms.curation.decontam import eval_index
 from transforms.instruction.branch import InstructionBranch
-from transforms.instruction.chat_template import SYSTEM_NONE, check_system_prompt
+from transforms.instruction.chat_template import (
+    SYSTEM_NONE,
+    check_system_prompt,
+    check_template_tokens,
+)
 from transforms.io.manifest import (
     MANIFEST_NAME,
     RejectRateError,
@@ -298,9 +302,14 @@ def prepare(argv: Sequence[str]) -> Plan:
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
     check_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
-    if cfg.instruction.system_prompt == SYSTEM_NONE:  # whether it can be honoured: before work
-        check_system_prompt(load_tokenizer(cfg.tokenizer, cfg.instruction.chat_template),
-                            SYSTEM_NONE)
+    # A template given by --chat_template must fit the tokenizer, and --system_prompt none must
+    # be possible: both are checked before any work (the job loads the tokenizer otherwise).
+    if cfg.instruction.chat_template is not None or cfg.instruction.system_prompt == SYSTEM_NONE:
+        template = cfg.instruction.chat_template
+        tok = load_tokenizer(cfg.tokenizer, template)
+        check_template_tokens(tok, "the tokenizer's chat template" if template is None
+                              else f"--chat_template {template!r}")
+        check_system_prompt(tok, cfg.instruction.system_prompt)
     phases = plan_phases(cfg)
     facts = {}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here

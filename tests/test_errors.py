@@ -217,3 +217,16 @@ def test_a_large_compressed_input_gets_the_advice_at_planning(tmp_path, monkeypa
     assert warning.startswith(f"1 compressed input file(s) over 0 GiB (largest {big}, ")
     assert "Recompress into pieces of about 1 GB" in warning
     assert warning.endswith("see docs/inputs-at-scale.md")
+
+
+def test_another_model_familys_chat_template_fails_at_planning(tmp_path, capsys):
+    """Llama 3's markup with the default (Qwen2) tokenizer would be trained as plain text."""
+    code, err = fail([f"--input={C4}", f"--output={tmp_path}/o", "--chat_template=llama3"],
+                     capsys)
+    assert code == 2
+    assert err == ("error: --chat_template 'llama3' writes <|start_header_id|>, <|end_header_id|>, "
+                   "<|eot_id|>, which the tokenizer 'qwen2-offline' does not hold as tokens "
+                   "(another model family's template): they would be trained as plain text; pass "
+                   "the --tokenizer of the template's model, or a template written for this "
+                   "tokenizer\n")
+    assert not (tmp_path / "o").exists()

@@ -21,6 +21,7 @@ from tests.conftest import SHARED_DATA, TEST_DATA, require_shared_data
 from tests.support.shared_chats import SWEEP_FILES, adapted
 from transforms.core import tokenizer as tk
 from transforms.instruction.adapters import Conversation
+from transforms.instruction.chat_template import check_template_tokens
 
 require_shared_data()
 
@@ -319,3 +320,32 @@ def test_an_existing_file_beats_a_builtin_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert tk.read_chat_template("gemma3") == tk.builtin_template("gemma3")
 
+
+
+@pytest.mark.parametrize("name", [*STOCK, "chatml", "mistral"])
+def test_each_builtin_template_fits_its_familys_tokenizer(name):
+    folder = STOCK.get(name)
+    tok = tk.load_tokenizer(None if folder is None else str(TOKENIZERS / folder), name)
+    check_template_tokens(tok, name)  # raises if its markup were not tokens
+
+
+@pytest.mark.parametrize(("name", "folder", "markup"), [
+    ("llama3", None, "<|start_header_id|>, <|end_header_id|>, <|eot_id|>"),
+    ("gemma3", None, "<start_of_turn>, <end_of_turn>"),
+    ("deepseekv3", "llama3_1", "<\uff5cUser\uff5c>, <\uff5cAssistant\uff5c>, "
+                               "<\uff5cend\u2581of\u2581sentence\uff5c>"),
+    ("chatml", "gemma3", "<|im_start|>, <|im_end|>"),
+])
+def test_another_familys_template_is_refused_naming_its_markup(name, folder, markup):
+    """Its markup would otherwise be trained as text: with Qwen2's vocabulary, Llama 3's
+    <|start_header_id|> is 7 tokens ('<', '|', 'start', '_header', '_id', '|', '>')."""
+    spec = None if folder is None else str(TOKENIZERS / folder)
+    tok = tk.load_tokenizer(spec, name)
+    assert len(tok.encode(markup.split(", ")[0], add_special_tokens=False)) > 1
+    with pytest.raises(ValueError) as error:
+        check_template_tokens(tok, f"--chat_template {name!r}")
+    assert str(error.value) == (
+        f"--chat_template {name!r} writes {markup}, which the tokenizer {tok.name_or_path!r} does "
+        "not hold as tokens (another model family's template): they would be trained as plain "
+        "text; pass the --tokenizer of the template's model, or a template written for this "
+        "tokenizer")

@@ -158,6 +158,11 @@ _MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a temp
 _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
 _PROBE = "\ufdd2\ufdd3"  # stands for a reply's reasoning while it is located (no newline: kept
 # as it is by the templates' strip('\n'))
+# Markup that is a control token in every family that writes it; ``[INST]`` is not checked,
+# since older Mistral tokenizers spell it out by design.
+_CONTROL_MARKUP = re.compile(r"<\|[^|\s]{1,64}\|>"  # ChatML, Llama 3
+                             r"|<\uff5c[^\uff5c\s]{1,64}\uff5c>"  # DeepSeek's full-width bars
+                             r"|<(?:start|end)_of_turn>")  # Gemma
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 REASONING_FIELD = "reasoning_content"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -311,6 +316,22 @@ def check_system_prompt(tok: PreTrainedTokenizerBase, system_prompt: str) -> Non
             "it, give a text, or pass a --chat_template without a default")
 
 
+def check_template_tokens(tok: PreTrainedTokenizerBase, template: str) -> None:
+    """ValueError, before any work, where the chat template (``template`` names it in the
+    message) writes control markup that the tokenizer does not hold as tokens: another model
+    family's template, whose markup every record would be trained on spelled out as text."""
+    try:
+        foreign = _Encoder(tok, MaskOptions()).foreign_markup(tok)
+    except Exception:  # a template that cannot render: its records fail with their reason
+        return
+    if foreign:
+        raise ValueError(
+            f"{template} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
+            "does not hold as tokens (another model family's template): they would be trained "
+            "as plain text; pass the --tokenizer of the template's model, or a template written "
+            "for this tokenizer")
+
+
 class _Encoder:
     """What encoding needs from one tokenizer and template, looked up once per batch."""
 
@@ -420,6 +441,16 @@ class _Encoder:
                 or not bare.endswith(after)):
             return None
         return bare[len(before):len(bare) - len(after)] or None
+
+    def foreign_markup(self, tok: PreTrainedTokenizerBase) -> list[str]:
+        """Control markup in a rendered exchange (``<|name|>``, DeepSeek's full-width form,
+        Gemma's turn markers) that the tokenizer encodes as more than one token."""
+        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        with self.watchdog.watching():
+            text = self._render_text(exchange, None)
+        found = dict.fromkeys(_CONTROL_MARKUP.findall(text))
+        return [markup for markup in found
+                if len(tok.encode(markup, add_special_tokens=False)) != 1]
 
     def _added_in_front(self, conversation: Conversation) -> int:
         """How many messages ``_messages`` puts before the conversation's own."""

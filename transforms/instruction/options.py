@@ -33,7 +33,9 @@ class InstructionOptions(PipelineOptions):
         group.add_argument(
             "--chat_template", default=None,
             help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
-            "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3).")
+            "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3). Its control "
+            "markup must be tokens of --tokenizer: another family's template stops the run "
+            "before any work.")
         group.add_argument(
             "--system_prompt", type=system_prompt, default=SYSTEM_TEMPLATE,
             help="The system message of conversations that have none (their own is always "
