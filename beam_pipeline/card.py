@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.io.manifest import read_manifest
+from transforms.io.writers import CARD_NAME, CARD_TAG
 
-CARD_NAME = "README.md"
 # config name -> (split -> output kind); a split is listed only when its files exist.
 # rejected/ and filtered/ are JSONL: `datasets` picks one file format for all of a card's
 # configs, so they are not configs (the card says how to load them).
@@ -52,7 +52,7 @@ def _yaml_header(manifest: Mapping) -> str:
         lines.append("license:")
         lines += [f"- {q(name)}" for name in names]
     lines += ["task_categories:", f"- {q('text-generation')}",
-              "tags:", f"- {q('beam-llm-dataprep')}"]
+              "tags:", f"- {q(CARD_TAG)}"]
     configs = card_configs(manifest)
     if configs:  # a run that wrote no rows has nothing to load
         lines.append("configs:")

@@ -10,6 +10,7 @@ from datasets import load_dataset
 from beam_pipeline.card import CARD_NAME, build_card
 from tests.support.report_run import curated_run
 from transforms.io.readers import parse_input_spec
+from transforms.io.writers import is_our_card
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,8 @@ def test_card_yaml_lists_every_config_and_split_that_was_written(prepared):
     ]
     # Every declared licence, and "other" for the two inputs that declared none.
     assert header["license"] == ["apache-2.0", "mit", "odc-by", "other"]
+    # Licences come before the tag: a rerun still knows the card as its own and replaces it.
+    assert is_our_card(str(prepared.output / CARD_NAME))
 
 
 @pytest.mark.parametrize(("config", "split", "kind"), [

@@ -157,7 +157,7 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
     (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
     (tmp_path / "manifest.json").write_text("{}")
     (tmp_path / "report.html").write_text("<!DOCTYPE html>")  # the data report and card
-    (tmp_path / "README.md").write_text("---\n---\n")
+    (tmp_path / "README.md").write_text('---\ntags:\n- "beam-llm-dataprep"\n---\n# card\n')
     (tmp_path / ".staging" / "sft").mkdir(parents=True)
     (tmp_path / ".staging" / "sft" / "a.arrow").write_bytes(b"a failed run's")
     (tmp_path / "unrelated.txt").write_text("keep me")
@@ -169,6 +169,22 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
         "README.md", "manifest.json", "report.html", "sft", "unrelated.txt"]
     assert clear_previous_outputs(str(tmp_path)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
+
+
+@pytest.mark.parametrize("text", ["# My notes\n", '---\ntags:\n- "other"\n---\n',
+                                  '# Notes\n---\n- "beam-llm-dataprep"\n'])
+def test_a_users_own_readme_is_never_deleted(tmp_path, text):
+    """A run writes its card as README.md: a user's file of that name stops it, overwrite or
+    not, and stays as it was."""
+    (tmp_path / "README.md").write_text(text)
+    (tmp_path / "manifest.json").write_text("{}")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"README\.md is not a dataset card of this "
+                                             r"pipeline.*move the file, or choose another"):
+            check_output_dir(str(tmp_path), overwrite=overwrite)
+    clear_previous_outputs(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+    assert (tmp_path / "README.md").read_text() == text
 
 
 def test_an_earlier_runs_phases_count_as_its_outputs(tmp_path):

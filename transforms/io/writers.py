@@ -58,6 +58,8 @@ COMPRESSION = "zstd"
 STAGED_SUFFIX = ".arrow"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
 ORDER_KEY = b"beam_pipeline.order"  # staged files' schema metadata: [chunk_id, step]
+CARD_NAME = "README.md"  # the dataset card (beam_pipeline/card.py), tagged in its YAML header
+CARD_TAG = "beam-llm-dataprep"
 OUTPUT_WRITE_THREADS = min(os.cpu_count() or 1, 4)  # output files one worker writes at once
 
 
@@ -403,13 +405,26 @@ def _earlier_phase_dirs(output_dir: str) -> list[str]:
             if isinstance(name, str) and LABEL.fullmatch(name)]
 
 
+def is_our_card(path: str) -> bool:
+    """Whether ``path`` is a dataset card this pipeline wrote (its YAML header carries
+    ``CARD_TAG``), not a README.md of the user's."""
+    with FileSystems.open(path) as handle:
+        head = handle.read(65536).decode("utf-8", "replace")
+    header = head.split("\n---", 1)[0] if head.startswith("---") else ""
+    return f'- "{CARD_TAG}"' in header.splitlines()
+
+
 def _owned_paths(output_dir: str) -> list[str]:
     """The paths a run writes under ``output_dir``, with an earlier run's phase directories, so
-    that a run with other phases (or none) leaves no stale phase beside its own outputs."""
+    that a run with other phases (or none) leaves no stale phase beside its own outputs. A
+    README.md counts only if it is the card a run wrote."""
     names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME,
-             TOKENIZER_DIR, "report.html", "README.md")  # with the data report and card
+             TOKENIZER_DIR, "report.html")  # with the data report
+    directories = (output_dir, *_earlier_phase_dirs(output_dir))
+    cards = [card for directory in directories for card in [FileSystems.join(directory, CARD_NAME)]
+             if FileSystems.exists(card) and is_our_card(card)]
     return [FileSystems.join(directory, name)
-            for directory in (output_dir, *_earlier_phase_dirs(output_dir)) for name in names]
+            for directory in directories for name in names] + cards
 
 
 def _holds_anything(path: str) -> bool:
@@ -427,6 +442,10 @@ def check_output_dir(output_dir: str, overwrite: bool) -> bool:
     Only a failed run's staging directory is deleted here, because deduplication's first pass
     and every step write into it from the job's start.
     """
+    card = FileSystems.join(output_dir, CARD_NAME)
+    if FileSystems.exists(card) and not is_our_card(card):
+        raise ValueError(f"{card} is not a dataset card of this pipeline, and a run writes its "
+                         "card there; move the file, or choose another --output")
     existing = [path for path in _owned_paths(output_dir) if _holds_anything(path)]
     if not existing:
         return False
