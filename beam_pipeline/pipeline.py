@@ -33,7 +33,7 @@ from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config
 from beam_pipeline.report import publish
 from transforms.classify import ClassifyRecords
 from transforms.core.records import ShardSpec
-from transforms.core.steps import PARTS, STATS, Part, TailPlan
+from transforms.core.steps import PARTS, STATS, Part, TailPlan, tail_group_ids
 from transforms.core.tokenizer import check_tokenizer, load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import (
     BRANCHES,
@@ -66,7 +66,9 @@ from transforms.io.writers import (
     ClearPreviousRun,
     StagePart,
     WriteOutputs,
+    check_card_place,
     check_output_dir,
+    shard_of,
 )
 from transforms.knowledge.branch import (
     KnowledgeBranch,
@@ -92,8 +94,12 @@ FN_API_RUNNERS = ("DirectRunner", "SwitchingDirectRunner")
 def tail_plan(cfg: PrepConfig, shards: Sequence[ShardSpec], branch: str) -> TailPlan:
     """A branch's leftovers are joined in groups bounded in size and few in number, through
     files in the staging directory (which goes at the end of the run)."""
-    return TailPlan(max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET)),
+    return TailPlan(tail_buckets(shards),
                     FileSystems.join(cfg.output, STAGING_DIR, TAILS_DIR, branch))
+
+
+def tail_buckets(shards: Sequence[ShardSpec]) -> int:
+    return max(1, math.ceil(len(shards) / SHARDS_PER_TAIL_BUCKET))
 
 
 def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
@@ -133,7 +139,14 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     after_start = (staged
                    | "AllStaged" >> beam.Flatten()
                    | "AfterJobStart" >> beam.Map(_after, beam.pvalue.AsSingleton(fields)))
-    return (after_start, stats) | "WriteOutputs" >> WriteOutputs(
+    # Every input shard and tail group that may have staged files, for WriteOutputs to look in.
+    shard_names = (
+        (chunks
+         | "ShardNames" >> beam.Map(lambda chunk: shard_of(chunk.chunk_id))
+         | "DistinctShards" >> beam.Distinct()),
+        p | "TailGroups" >> beam.Create(tail_group_ids(tail_buckets(shards))))
+    shard_names = shard_names | "StagingShards" >> beam.Flatten()
+    return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         beam.pvalue.AsSingleton(fields))
 
@@ -295,25 +308,28 @@ def _console_flags(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
 def prepare(argv: Sequence[str]) -> Plan:
     """Parses and validates options, checks the tokenizer and the output directory cheaply, and
     plans shards from glob expansion: nothing here grows with the number of input files beyond
-    listing them (Parquet footers, the tokenizer and the earlier outputs are the job's work)."""
+    listing them (Parquet footers, the tokenizer and the earlier outputs are the job's work; the
+    tokenizer is loaded here only to check a --chat_template or --system_prompt none)."""
     argument_parser().parse_args(argv)  # --help, unknown options and bad values stop here
     pipeline_argv, quiet, verbose = _console_flags(argv)
     options = PipelineOptions(pipeline_argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
     check_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
-    # A template given by --chat_template must fit the tokenizer, and --system_prompt none must
-    # be possible: both are checked before any work (the job loads the tokenizer otherwise).
-    if cfg.instruction.chat_template is not None or cfg.instruction.system_prompt == SYSTEM_NONE:
-        template = cfg.instruction.chat_template
+    # A template given by --chat_template must be the tokenizer's family's, and --system_prompt
+    # none must be possible: both are checked before any work (else the job loads the tokenizer).
+    template = cfg.instruction.chat_template
+    if template is not None or cfg.instruction.system_prompt == SYSTEM_NONE:
         tok = load_tokenizer(cfg.tokenizer, template)
-        check_template_tokens(tok, "the tokenizer's chat template" if template is None
-                              else f"--chat_template {template!r}")
+        if template is not None:  # a tokenizer's own template is its family's by definition
+            check_template_tokens(tok, f"--chat_template {template!r}")
         check_system_prompt(tok, cfg.instruction.system_prompt)
     phases = plan_phases(cfg)
     facts = {}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
+    for phase in phases:  # each phase's folder (or --output) gets a dataset card
+        check_card_place(phase.config.output)
     directories = dict.fromkeys([cfg.output, *(phase.config.output for phase in phases)])
     clear = [directory for directory in directories
              if check_output_dir(directory, cfg.overwrite)]

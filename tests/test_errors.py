@@ -230,3 +230,15 @@ def test_another_model_familys_chat_template_fails_at_planning(tmp_path, capsys)
                    "the --tokenizer of the template's model, or a template written for this "
                    "tokenizer\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_users_readme_stops_a_run_only_where_its_card_would_go(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "README.md").write_text("# My notes\n")
+    prepare([f"--input={C4}#phase=one", f"--output={out}"])  # phases' cards go in o/one/
+    code, err = fail([f"--input={C4}", f"--output={out}", "--overwrite=true"], capsys)
+    assert code == 2
+    assert err == (f"error: {out}/README.md is not a dataset card of this pipeline, and a run "
+                   "writes its card there; move the file, or choose another --output\n")
+    assert (out / "README.md").read_text() == "# My notes\n"

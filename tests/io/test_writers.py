@@ -1,6 +1,7 @@
 """Output planning, staging and the final files: row order, shard counts, formats, refusal."""
 
 import collections
+import itertools
 import json
 import random
 
@@ -15,6 +16,7 @@ from transforms.io.writers import (
     StagedFile,
     StagePart,
     WriteOutputFile,
+    check_card_place,
     check_output_dir,
     clear_previous_outputs,
     cut_shard,
@@ -37,8 +39,7 @@ def plan_output_files(files: list[StagedFile], output_dir: str, num_shards: int,
     groups = collections.defaultdict(list)
     for f in files:
         groups[(f.kind, shard_of(f.order[0]))].append(f)
-    shards = {key: ShardFiles(*key, tuple(sorted((f for f in group if f.rows),
-                                                 key=lambda f: f.order)))
+    shards = {key: find_staged((key, group), "/nonexistent/staging")
               for key, group in groups.items()}
     places = dict(place_shards([(*key, s.rows, s.bytes) for key, s in shards.items()],
                                num_shards, target_bytes))
@@ -97,8 +98,10 @@ def test_shard_by_shard_planning_cuts_every_row_once_in_input_order(seed):
     rng.shuffle(files)
     plans = plan_output_files(files, "/out", num_shards, target_bytes=250)
     for kind in ("pretrain", "sft"):
+        # The definition, as the plan made in one place before: every row in (chunk, step)
+        # order, cut at rows * i // count.
         rows = [(f.path, i) for f in sorted((f for f in files if f.kind == kind),
-                                            key=lambda f: (shard_of(f.order[0]), f.order))
+                                            key=lambda f: f.order)
                 for i in range(f.rows)]
         mine = [plan for plan in plans if plan.kind == kind]
         count = len(mine)
@@ -108,11 +111,9 @@ def test_shard_by_shard_planning_cuts_every_row_once_in_input_order(seed):
         wanted = num_shards or -(-sum(f.bytes for f in files if f.kind == kind and f.rows)
                                    // 250)
         assert count == max(1, min(wanted, len(rows)))
-        expected = [[] for _ in range(count)]
-        for i, row in enumerate(rows):
-            expected[min(count - 1, ((i + 1) * count - 1) // len(rows))].append(row)
+        bounds = [len(rows) * i // count for i in range(count + 1)]
         assert [[(path, i) for path, start, end in plan.slices for i in range(start, end)]
-                for plan in mine] == expected
+                for plan in mine] == [rows[lo:hi] for lo, hi in itertools.pairwise(bounds)]
         assert all(plan.rows for plan in mine)
 
 
@@ -175,14 +176,13 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
                                   '# Notes\n---\n- "beam-llm-dataprep"\n'])
 def test_a_users_own_readme_is_never_deleted(tmp_path, text):
     """A run writes its card as README.md: a user's file of that name stops it, overwrite or
-    not, and stays as it was."""
+    not, and an overwrite leaves it as it was."""
     (tmp_path / "README.md").write_text(text)
     (tmp_path / "manifest.json").write_text("{}")
-    for overwrite in (False, True):
-        with pytest.raises(ValueError, match=r"README\.md is not a dataset card of this "
-                                             r"pipeline.*move the file, or choose another"):
-            check_output_dir(str(tmp_path), overwrite=overwrite)
-    clear_previous_outputs(str(tmp_path))
+    with pytest.raises(ValueError, match=r"README\.md is not a dataset card of this "
+                                         r"pipeline.*move the file, or choose another"):
+        check_card_place(str(tmp_path))
+    prepare_output_dir(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
     assert (tmp_path / "README.md").read_text() == text
 

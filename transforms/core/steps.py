@@ -268,6 +268,17 @@ def tail_bucket(chunk_id: str, buckets: int) -> int:
     return int.from_bytes(digest[:8], "big") % buckets
 
 
+def tail_group_id(bucket: int, validation: bool) -> str:
+    """The chunk id of a bucket's ``TailGroup``: after every input chunk in output order."""
+    return f"~tails-{bucket:05d}{VALIDATION_MARK if validation else ''}"
+
+
+def tail_group_ids(buckets: int) -> list[str]:
+    """Every chunk id ``GatherTails`` may give its groups."""
+    return [tail_group_id(bucket, validation) for bucket in range(buckets)
+            for validation in (False, True)]
+
+
 def spill_tail(tail: tuple[str, Any], spill_dir: str) -> tuple[str, str]:
     """Writes a chunk's leftover to a file named by its chunk id; (chunk id, path) out. A
     retried bundle writes the same file again."""
@@ -309,5 +320,4 @@ class GatherTails(beam.PTransform):
                 (tail_bucket(note[0], buckets), is_validation(note[0])), note))
             | "Group" >> beam.GroupByKey()
             | "Order" >> beam.MapTuple(lambda key, group: TailGroup(
-                f"~tails-{key[0]:05d}{VALIDATION_MARK if key[1] else ''}",
-                tuple(read_tail(path) for _, path in sorted(group)))))
+                tail_group_id(*key), tuple(read_tail(path) for _, path in sorted(group)))))

@@ -316,17 +316,19 @@ def check_system_prompt(tok: PreTrainedTokenizerBase, system_prompt: str) -> Non
             "it, give a text, or pass a --chat_template without a default")
 
 
-def check_template_tokens(tok: PreTrainedTokenizerBase, template: str) -> None:
-    """ValueError, before any work, where the chat template (``template`` names it in the
-    message) writes control markup that the tokenizer does not hold as tokens: another model
-    family's template, whose markup every record would be trained on spelled out as text."""
+def check_template_tokens(tok: PreTrainedTokenizerBase, label: str) -> None:
+    """ValueError, before any work, where the chat template (``label`` names it in the message)
+    writes control markup that the tokenizer does not hold as tokens: another model family's
+    template, whose markup every record would be trained on spelled out as text. A template
+    that cannot render a plain exchange passes: its records fail with their own reason."""
     try:
-        foreign = _Encoder(tok, MaskOptions()).foreign_markup(tok)
-    except Exception:  # a template that cannot render: its records fail with their reason
+        encoder = _Encoder(tok, MaskOptions())
+    except Exception:  # as in template_default_system: the records will say what is wrong
         return
+    foreign = encoder.foreign_markup(tok)
     if foreign:
         raise ValueError(
-            f"{template} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
+            f"{label} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
             "does not hold as tokens (another model family's template): they would be trained "
             "as plain text; pass the --tokenizer of the template's model, or a template written "
             "for this tokenizer")
@@ -447,7 +449,10 @@ class _Encoder:
         Gemma's turn markers) that the tokenizer encodes as more than one token."""
         exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
         with self.watchdog.watching():
-            text = self._render_text(exchange, None)
+            try:
+                text = self._render_text(exchange, None)
+            except (Exception, _RenderTimeout):
+                return []
         found = dict.fromkeys(_CONTROL_MARKUP.findall(text))
         return [markup for markup in found
                 if len(tok.encode(markup, add_special_tokens=False)) != 1]

@@ -221,13 +221,12 @@ class ShardFiles:
         return sum(f.bytes for f in self.files)
 
 
-def find_staged(group: tuple[tuple[str, str], Iterable[StagedFile]],
+def find_staged(group: tuple[tuple[str, str], Iterable[StagedFile | None]],
                 staging_dir: str) -> ShardFiles:
-    """A shard's staged files of one kind: the runner's notices, plus any file in the shard's
-    staging folder whose notice it did not deliver (logged). A shard none of whose notices
-    arrived is not looked for: the manifest's row check then fails the run."""
+    """A shard's staged files of one kind: the runner's notices (None stands for none), plus
+    any file in the shard's staging folder whose notice it did not deliver (logged)."""
     (kind, shard), reported = group
-    known = {f.path: f for f in reported}
+    known = {f.path: f for f in reported if f is not None}
     missing = [path for path in _files_under(shard_staging_dir(staging_dir, kind, shard))
                if path.endswith(STAGED_SUFFIX) and path not in known]
     if missing:
@@ -252,6 +251,7 @@ class Placement:
         return min(self.files - 1, ((row + 1) * self.files - 1) // self.kind_rows)
 
     def start(self, index: int) -> int:
+        """The kind's first row in output file ``index``."""
         return self.kind_rows * index // self.files
 
 
@@ -288,16 +288,17 @@ def cut_shard(joined: tuple[tuple[str, str], Mapping[str, list]], output_dir: st
     """A shard's staged files cut at its kind's output file boundaries:
     ((kind, output path), (the kind's row it starts at, staged path, first row, end row))."""
     (kind, _), sides = joined
-    for place in sides["place"]:  # none for a shard without rows
-        [shard] = sides["files"]
-        start = place.first_row
-        for staged_file in shard.files:
-            end = start + staged_file.rows
-            for index in range(place.file_of(start), place.file_of(end - 1) + 1):
-                lo, hi = max(start, place.start(index)), min(end, place.start(index + 1))
-                yield ((kind, output_path(output_dir, kind, index, place.files)),
-                       (lo, staged_file.path, lo - start, hi - start))
-            start = end
+    if not sides["place"]:  # a shard without rows
+        return
+    [place], [shard] = sides["place"], sides["files"]
+    start = place.first_row
+    for staged_file in shard.files:
+        end = start + staged_file.rows
+        for index in range(place.file_of(start), place.file_of(end - 1) + 1):
+            lo, hi = max(start, place.start(index)), min(end, place.start(index + 1))
+            yield ((kind, output_path(output_dir, kind, index, place.files)),
+                   (lo, staged_file.path, lo - start, hi - start))
+        start = end
 
 
 def output_file(key: tuple[str, str], pieces: Iterable[tuple[int, str, int, int]]) -> OutputFile:
@@ -414,6 +415,14 @@ def is_our_card(path: str) -> bool:
     return f'- "{CARD_TAG}"' in header.splitlines()
 
 
+def check_card_place(output_dir: str) -> None:
+    """Refuses to write the dataset card over a README.md of the user's in ``output_dir``."""
+    card = FileSystems.join(output_dir, CARD_NAME)
+    if FileSystems.exists(card) and not is_our_card(card):
+        raise ValueError(f"{card} is not a dataset card of this pipeline, and a run writes its "
+                         "card there; move the file, or choose another --output")
+
+
 def _owned_paths(output_dir: str) -> list[str]:
     """The paths a run writes under ``output_dir``, with an earlier run's phase directories, so
     that a run with other phases (or none) leaves no stale phase beside its own outputs. A
@@ -442,10 +451,6 @@ def check_output_dir(output_dir: str, overwrite: bool) -> bool:
     Only a failed run's staging directory is deleted here, because deduplication's first pass
     and every step write into it from the job's start.
     """
-    card = FileSystems.join(output_dir, CARD_NAME)
-    if FileSystems.exists(card) and not is_our_card(card):
-        raise ValueError(f"{card} is not a dataset card of this pipeline, and a run writes its "
-                         "card there; move the file, or choose another --output")
     existing = [path for path in _owned_paths(output_dir) if _holds_anything(path)]
     if not existing:
         return False
@@ -484,7 +489,8 @@ class ClearPreviousRun(beam.PTransform):
 
 
 class WriteOutputs(beam.PTransform):
-    """Staged files and stats in; sharded output files and, last of all, manifest.json out."""
+    """Staged files, stats and the names of the shards that may have staged files (``shard_of``
+    their chunk ids) in; sharded output files and, last of all, manifest.json out."""
 
     def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
                  row_group_rows: int, manifest_fields: dict):
@@ -495,21 +501,26 @@ class WriteOutputs(beam.PTransform):
         self.row_group_rows = row_group_rows
         self.manifest_fields = manifest_fields
 
-    def expand(self, staged_and_stats: tuple[beam.PCollection, beam.PCollection]
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection, beam.PCollection]
                ) -> beam.PCollection:
-        staged, stats = staged_and_stats
+        staged, stats, shard_names = inputs
         staging_dir = FileSystems.join(self.output_dir, STAGING_DIR)
         # Planned a shard at a time: what any one step holds is one input shard's notes, one
-        # output file's slices, or one (kind, shard, rows, bytes) per input shard.
+        # output file's slices, or one (kind, shard, rows, bytes) per input shard. Every shard
+        # and kind is looked at, so files whose notices were all lost are still found.
+        every_shard = shard_names | "EveryKind" >> beam.FlatMap(
+            lambda shard: (((kind, shard), None) for kind in OUTPUT_KINDS))
+        notes = staged | "ByShard" >> beam.Map(lambda f: ((f.kind, shard_of(f.order[0])), f))
         shards = (
-            staged
-            | "ByShard" >> beam.Map(lambda f: ((f.kind, shard_of(f.order[0])), f))
+            (notes, every_shard)
+            | "NotesAndShards" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
             | "FindStaged" >> beam.Map(find_staged, staging_dir)
             | "KeyByShard" >> beam.Map(lambda shard: ((shard.kind, shard.shard), shard)))
         places = (
             shards
-            | "ShardSizes" >> beam.MapTuple(lambda key, shard: (*key, shard.rows, shard.bytes))
+            | "ShardSizes" >> beam.FlatMapTuple(
+                lambda key, shard: [(*key, shard.rows, shard.bytes)] if shard.rows else [])
             | "CollectShardSizes" >> beam.combiners.ToList()
             | "PlaceShards" >> beam.FlatMap(place_shards, self.num_shards, self.target_bytes))
         written = (
