@@ -3,6 +3,7 @@ the exit code, no traceback unless --verbose, and a rerun that the failed run do
 
 import contextlib
 import gzip
+import json
 import logging
 import os
 import shlex
@@ -242,3 +243,19 @@ def test_a_users_readme_stops_a_run_only_where_its_card_would_go(tmp_path, capsy
     assert err == (f"error: {out}/README.md is not a dataset card of this pipeline, and a run "
                    "writes its card there; move the file, or choose another --output\n")
     assert (out / "README.md").read_text() == "# My notes\n"
+
+
+def test_clusters_that_need_more_rounds_name_the_option(tmp_path, capsys):
+    """Two exact copies are one edge: its label changes in round 1, so a single round cannot
+    confirm it and the run stops instead of deciding on labels that may not be final."""
+    doc = {"text": "The quick brown fox jumps over the lazy dog while the farmer watches from "
+                   "the old wooden fence near the river bank every single morning."}
+    (tmp_path / "copies.jsonl").write_text(f"{json.dumps(doc)}\n" * 2)
+    code, err = fail([f"--input={tmp_path}/copies.jsonl", f"--output={tmp_path}/o",
+                      "--dedup_rounds=1", "--quiet"], capsys)
+    assert code == 1
+    assert err.endswith(
+        "error: RuntimeError: deduplication's clusters did not converge in 1 rounds of label "
+        "propagation (a chain of near copies longer than that); rerun with --dedup_rounds above "
+        "1\nrun again with --verbose for the traceback\n")
+    assert not (tmp_path / "o" / "manifest.json").exists()

@@ -250,10 +250,12 @@ def test_options_build_the_config_and_refuse_bad_values():
         "--quality_filter=true", "--collapse_whitespace=false"]))
     assert (config.quality.min_words, config.quality.max_top_ngram) == (5, ((2, 0.3),))
     assert config.dedup.mode == "exact" and not config.normalize.collapse_whitespace
+    assert config.dedup.rounds == 8
+    assert KnowledgeConfig.from_options(PipelineOptions(["--dedup_rounds=12"])).dedup.rounds == 12
     assert KnowledgeConfig.from_options(PipelineOptions(["--quality_filter=false"])).quality is None
     with pytest.raises(ValueError, match="multiple"):
         KnowledgeConfig.from_options(PipelineOptions(["--dedup_num_perm=100"]))
     for bad in ("--max_top_ngram=2", "--min_alpha_fraction=2", "--dedup=fuzzy",
-                "--min_mean_word_length=-1"):
+                "--min_mean_word_length=-1", "--dedup_rounds=0"):
         with pytest.raises(SystemExit):
             PipelineOptions([bad]).view_as(KnowledgeOptions)

@@ -342,7 +342,8 @@ class FindDuplicateDocuments(beam.PTransform):
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
                                                         self.tokenizer, self.token_cache))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
-                                                 key_buckets(len(self.shards)))
+                                                 key_buckets(len(self.shards)),
+                                                 self.config.dedup.rounds)
             | "WriteDecisions" >> WriteDecisions(self.decisions))
 
 

@@ -50,10 +50,10 @@ Node = tuple[int, int, int, int, bytes]
 CHUNK, CONTENT = 3, 4
 Pair = tuple[Node, Node]
 Decision = tuple[Node, str, Node]  # (document to drop, reason, surviving document)
-# Rounds of label propagation: a cluster's labels are final after as many rounds as the longest
-# shortest path from a member to its smallest one, and one more round confirms it. Exact groups
-# and LSH buckets are stars around their smallest member (one hop); paths grow only where near
-# copies chain through different bands.
+# Rounds of label propagation (--dedup_rounds): a cluster's labels are final after as many
+# rounds as the longest shortest path from a member to its smallest one, and one more round
+# confirms it. Exact groups and LSH buckets are stars around their smallest member (one hop);
+# paths grow only where near copies chain through different bands.
 MAX_ROUNDS = 8
 
 SEED = 0x5EED  # of the MinHash hash: fixed, so signatures agree across runs and workers
@@ -69,13 +69,15 @@ class DedupConfig:
     """``mode``: ``near`` finds exact and near copies, ``exact`` exact copies only, ``none``
     turns deduplication off. Near copies are documents whose word ``ngram`` shingle sets have
     an estimated Jaccard similarity >= ``threshold`` under ``num_perm`` MinHash functions, found
-    through ``bands`` LSH bands of ``num_perm / bands`` rows each."""
+    through ``bands`` LSH bands of ``num_perm / bands`` rows each; their clusters are resolved
+    in at most ``rounds`` rounds of label propagation."""
 
     mode: str = "near"
     ngram: int = 5
     num_perm: int = 128
     bands: int = 16
     threshold: float = 0.8
+    rounds: int = MAX_ROUNDS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -393,8 +395,7 @@ def _drop_decisions(state: tuple[Node, State], rounds: int) -> Iterator[Decision
     if changed:
         raise RuntimeError(
             f"deduplication's clusters did not converge in {rounds} rounds of label propagation "
-            f"(a chain of near copies longer than that); raise MAX_ROUNDS in "
-            f"transforms/knowledge/dedup.py")
+            f"(a chain of near copies longer than that); rerun with --dedup_rounds above {rounds}")
     if label < node:
         yield node, DUPLICATE_EXACT if exact else DUPLICATE_NEAR, label
 

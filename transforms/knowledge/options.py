@@ -125,6 +125,11 @@ class KnowledgeOptions(PipelineOptions):
             "--dedup_threshold", type=fraction, default=_DEDUP.threshold,
             help="Estimated Jaccard similarity of the shingle sets at or above which a "
             f"candidate pair is a near copy (default {_DEDUP.threshold}).")
+        group.add_argument(
+            "--dedup_rounds", type=positive_int, default=_DEDUP.rounds,
+            help="Rounds of label propagation that join near copies into clusters: a chain of "
+            "k copies, each similar only to the next, needs k + 1; a run whose last round "
+            f"still changes a label stops and says so (default {_DEDUP.rounds}).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,5 +153,5 @@ class KnowledgeConfig:
             quality=QualityConfig(**{name: getattr(view, name) for name, _, _ in
                                      _QUALITY_OPTIONS}) if view.quality_filter else None,
             dedup=DedupConfig(view.dedup, view.dedup_ngram, view.dedup_num_perm,
-                                    view.dedup_bands, view.dedup_threshold),
+                              view.dedup_bands, view.dedup_threshold, view.dedup_rounds),
         )
