@@ -12,24 +12,34 @@ inside the pipeline, a chunk of 4,096 at a time, and go through the real ``FindD
 count (one per 256 MiB of input at about 4 KB a document), on the DirectRunner in
 ``multi_processing`` mode with one worker process.
 
-Each cell runs in its own process. Memory is read from ``/proc`` (``VmHWM``, the kernel's
-high-water mark of resident memory) for the worker process, which runs every step, one bundle
-after another (its peak is the peak of the largest single step), and for the runner process,
-which here plays Dataflow's shuffle service: the FnApiRunner keeps every shuffle's data in its
-own memory, so that figure grows with what is shuffled, by design of the local runner.
+Each cell runs in its own process, and the bench drives the worker as a Dataflow worker is fed
+rather than as the local runner does by default (a whole stage as one bundle, a shuffle's
+output as one message, one worker process for every step): ``_BoundedBundles`` cuts each
+stage's input between elements into bundles of at most ``--bundle_mb`` (64 MiB; a grouped key
+stays whole) and runs them one after another; ``_in_a_fresh_worker`` starts each step (fused
+stage) in a new worker process; and glibc's mmap and trim thresholds are fixed (``FIXED_MALLOC``,
+unless ``--default_malloc``). Before each bundle the worker's high-water mark is reset
+(``/proc/PID/clear_refs``) and after it ``VmHWM`` is read: a step's peak is the largest over its
+bundles, and the cell reports the step with the largest peak. The runner process plays
+Dataflow's shuffle service: the FnApiRunner keeps every shuffle's data in its own memory, so
+its peak (``VmHWM``) grows with what is shuffled, by design of the local runner.
 
     .venv/bin/python -m bench.bench_dedup_scale [--docs 1000000] [--dups 0.05 0.3 0.6]
-        [--giant 100000] [--workers 1]
+        [--giant 100000] [--workers 1] [--bundle_mb 64] [--default_malloc]
 
-Prints one JSON line per cell and a Markdown table at the end.
+Prints one JSON line per cell (every step's bundles, largest bundle and peak) and a Markdown
+table at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -38,8 +48,12 @@ from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.coders.coder_impl import create_InputStream
+from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from transforms.core.steps import METRICS_NAMESPACE
 from transforms.knowledge.dedup import (
@@ -54,7 +68,12 @@ CHUNK = 4096
 GIANT = 100_000  # members of the giant cluster: a template and its copies
 DOCS_PER_BUCKET = 65_536  # 256 MiB of input at about 4 KB a document (SHARDS_PER_KEY_BUCKET)
 CONFIG = DedupConfig()
-POLL_S = 0.1
+# glibc raises its mmap threshold (up to 32 MiB) each time a large mmapped block is freed, so
+# later buffers of that size come from the heap and stay resident after they are freed: a
+# worker's resident memory then keeps the high-water mark of earlier bundles' buffers, more of
+# them the more pairs a bundle makes. Fixed thresholds hand every freed block over 128 KiB
+# back, so resident memory follows what the step holds. The cell and its workers inherit them.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 class Corpus:
@@ -110,35 +129,131 @@ def make_chunk(chunk: int, corpus: Corpus) -> Iterator[tuple[DocumentKeys, ...]]
     yield tuple(docs)
 
 
-class _Peaks:
-    """Polls ``VmHWM`` of this process and of every descendant."""
+class _BoundedBundles(fn_runner.BundleManager):
+    """The FnApiRunner's bundle manager for one worker, but each stage's input cut into
+    bundles of at most ``limit`` encoded bytes (or one element, if that is larger), run one
+    after another on the worker; and the worker's peak resident memory recorded per bundle.
 
-    def __init__(self) -> None:
-        self.peaks: dict[int, int] = {}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
+    The local runner otherwise sends a worker a stage's whole input as one bundle, and the
+    output of a shuffle as one message: the worker then holds all of it while the stage runs,
+    so its memory follows the stage's input (every document, every pair) rather than the
+    step. A Dataflow worker gets bundles that are slices of a stage and reads grouped values
+    as a stream. Cutting at element boundaries keeps every grouped key whole: a bucket, a
+    node and its messages go to the worker together, as on Dataflow.
+    """
 
-    def _poll(self) -> None:
-        while not self.done.wait(POLL_S):
-            for pid in [os.getpid(), *_descendants(os.getpid())]:
-                hwm = _hwm_kb(pid)
-                if hwm:
-                    self.peaks[pid] = max(self.peaks.get(pid, 0), hwm)
+    limit = 64 << 20
+    steps: dict[str, dict] = {}
 
-    def __enter__(self) -> _Peaks:
-        self.thread.start()
-        return self
+    def process_bundle(self, inputs, expected_outputs, fired_timers, expected_output_timers,
+                       dry_run=False):
+        pieces = {name: _pieces(buffer, self.bundle_context_manager.get_input_coder_impl(name),
+                                self.limit) for name, buffer in inputs.items()}
+        merged, splits, first = None, [], True
+        while True:
+            part = {name: next(found, None) for name, found in pieces.items()}
+            if not first and all(piece is None for piece in part.values()):
+                break
+            part = {name: piece or [] for name, piece in part.items()}
+            workers = _descendants(os.getpid())
+            for pid in workers:  # the high-water mark back to the resident memory now
+                with open(f"/proc/{pid}/clear_refs", "w") as f:
+                    f.write("5")
+            before = max((_status_kb(pid, "VmRSS") for pid in workers), default=0)
+            result, split = super().process_bundle(part, expected_outputs,
+                                                   fired_timers if first else {},
+                                                   expected_output_timers, dry_run)
+            peak = max((_status_kb(pid, "VmHWM") for pid in _descendants(os.getpid())),
+                       default=0)
+            step = self.steps.setdefault(_step_name(self.bundle_context_manager.stage.name),
+                                         {"bundles": 0, "largest_bundle_mb": 0, "peak_kb": 0,
+                                          "rise_kb": 0})
+            step["bundles"] += 1
+            step["largest_bundle_mb"] = max(step["largest_bundle_mb"], round(
+                sum(len(blob) for piece in part.values() for blob in piece) / 2**20))
+            step["peak_kb"] = max(step["peak_kb"], peak)
+            step["rise_kb"] = max(step["rise_kb"], peak - before)
+            splits += split
+            merged = result if merged is None else beam_fn_api_pb2.InstructionResponse(
+                process_bundle=beam_fn_api_pb2.ProcessBundleResponse(
+                    monitoring_infos=monitoring_infos.consolidate(itertools.chain(
+                        result.process_bundle.monitoring_infos,
+                        merged.process_bundle.monitoring_infos))),
+                error=result.error or merged.error)
+            first = False
+        return merged, splits
 
-    def __exit__(self, *_) -> None:
-        self.done.set()
-        self.thread.join()
+
+_EXECUTE_BUNDLE = fn_runner.FnApiRunner._execute_bundle
 
 
-def _hwm_kb(pid: int) -> int:
+def _in_a_fresh_worker(execute_bundle):
+    """``FnApiRunner._execute_bundle`` that first stops the worker processes, so that each
+    step (a fused stage) starts in a new one, as a step's own bundles would on a Dataflow
+    worker: its peak is then that step's, not the heap left over from the steps before it.
+    The runner's gRPC server stays up; the next step's workers connect to it anew."""
+    ran: list[str] = []
+
+    def execute(runner, context, bundle_context_manager, bundle_input):
+        manager = context.worker_handler_manager
+        if ran:  # the first step's worker is started with the job, before any step
+            handlers = {h for found in manager._cached_handlers.values() for h in found}
+            for handler in handlers:
+                handler.control_conn.close()
+                handler.data_conn.close()
+            for pid in _descendants(os.getpid()):  # the worker and the shell that started it
+                os.kill(pid, signal.SIGKILL)
+            for handler in handlers:
+                handler.worker_thread.join()
+            manager._cached_handlers.clear()
+            manager._workers_by_id.clear()
+            bundle_context_manager._worker_handlers = None  # (set when the job was planned)
+        ran.append(bundle_context_manager.stage.name)
+        return execute_bundle(runner, context, bundle_context_manager, bundle_input)
+
+    return execute
+
+
+def _pieces(buffer, coder, limit: int) -> Iterator[list[bytes]]:
+    """A buffer's encoded elements in pieces of at most ``limit`` bytes, cut between elements
+    (a larger element is a piece of its own)."""
+    piece: list[bytes] = []
+    size = 0
+    for blob in buffer:
+        if len(blob) <= limit:  # the worker's output messages end on element boundaries
+            spans = [blob]
+        else:
+            spans, stream, start, end = [], create_InputStream(blob), 0, 0
+            while stream.size() > 0:
+                coder.decode_from_stream(stream, True)
+                position = len(blob) - stream.size()
+                if position - start > limit and end > start:
+                    spans.append(blob[start:end])
+                    start = end
+                end = position
+            spans.append(blob[start:])
+        for span in spans:
+            if piece and size + len(span) > limit:
+                yield piece
+                piece, size = [], 0
+            piece.append(span)
+            size += len(span)
+    if piece:
+        yield piece
+
+
+def _step_name(stage: str) -> str:
+    """A fused stage's transforms, in order, without the runner's decorations."""
+    names = re.findall(r"(?:ref_AppliedPTransform_)?([A-Za-z0-9/_-]+?)(?:_\d+)?\)", stage)
+    names = [name.replace("-", "/").removeprefix("FindDuplicates/") for name in names]
+    return " + ".join(dict.fromkeys(names))
+
+
+def _status_kb(pid: int, field: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -167,36 +282,54 @@ def _count(decision) -> None:
     beam.metrics.Metrics.counter("bench", "decisions").inc()
 
 
-def run_cell(docs: int, dups: float, giant: int, workers: int) -> dict:
+def _quiet_stopped_workers(args) -> None:
+    if not (args.exc_type is RuntimeError and "Worker subprocess exited" in str(args.exc_value)):
+        threading.__excepthook__(args)
+
+
+def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float) -> dict:
     corpus = Corpus(docs, dups, giant)
     buckets = max(1, -(-docs // DOCS_PER_BUCKET))
+    threading.excepthook = _quiet_stopped_workers
+    _BoundedBundles.limit = int(bundle_mb * 2**20) if bundle_mb else sys.maxsize
+    fn_runner.FnApiRunner._get_bundle_manager = lambda runner, context: _BoundedBundles(
+        context, runner._progress_frequency,
+        cache_token_generator=fn_runner.FnApiRunner.get_cache_token_generator(static=False))
+    fn_runner.FnApiRunner._execute_bundle = _in_a_fresh_worker(_EXECUTE_BUNDLE)
     options = PipelineOptions(["--direct_running_mode=multi_processing",
                                f"--direct_num_workers={workers}"])
     started = time.perf_counter()
-    with _Peaks() as peaks:
-        pipeline = beam.Pipeline(runner="DirectRunner", options=options)
-        _ = (pipeline
-             | beam.Create(range(-(-docs // CHUNK)))
-             | beam.FlatMap(make_chunk, corpus)
-             | FindDuplicates(CONFIG.threshold, buckets)
-             | beam.Map(_count))
-        result = pipeline.run()
-        result.wait_until_finish()
+    pipeline = beam.Pipeline(runner="DirectRunner", options=options)
+    _ = (pipeline
+         | beam.Create(range(-(-docs // CHUNK)))
+         | beam.FlatMap(make_chunk, corpus)
+         | FindDuplicates(CONFIG.threshold, buckets)
+         | beam.Map(_count))
+    result = pipeline.run()
+    result.wait_until_finish()
     wall = time.perf_counter() - started
     counters = {c.key.metric.name: c.committed for c in result.metrics().query(
         MetricsFilter())["counters"] if c.key.metric.namespace in ("bench", METRICS_NAMESPACE)}
     changed = [counters.get(f"dedup.round_{r:02d}.changed", 0) for r in range(1, MAX_ROUNDS + 1)]
-    me = os.getpid()
-    children = [kb for pid, kb in peaks.peaks.items() if pid != me]
+    steps = {name: {"bundles": step["bundles"], "largest_bundle_mb": step["largest_bundle_mb"],
+                    "peak_mb": round(step["peak_kb"] / 1024),
+                    "rise_mb": round(step["rise_kb"] / 1024)}
+             for name, step in _BoundedBundles.steps.items()}
+    largest = max(steps, key=lambda name: steps[name]["peak_mb"])
     return {
         "docs": docs, "dup_fraction": dups, "giant": giant, "workers": workers,
+        "bundle_mb": bundle_mb,
         "duplicates": corpus.expected_drops,
         "decided": counters.get("decisions", 0),
         "rounds_with_changes": sum(1 for n in changed if n),
         "changed_per_round": changed,
-        "worker_peak_mb": round(max(children, default=0) / 1024),
-        "runner_peak_mb": round(peaks.peaks.get(me, 0) / 1024),
+        "largest_step": largest,
+        "largest_step_peak_mb": steps[largest]["peak_mb"],
+        "largest_step_rise_mb": steps[largest]["rise_mb"],
+        "largest_step_bundles": steps[largest]["bundles"],
+        "runner_peak_mb": round(_status_kb(os.getpid(), "VmHWM") / 1024),
         "wall_s": round(wall),
+        "steps": steps,
     }
 
 
@@ -206,31 +339,41 @@ def main() -> None:
     parser.add_argument("--dups", type=float, nargs="+", default=[0.05, 0.3, 0.6])
     parser.add_argument("--giant", type=int, default=GIANT, help="members of the giant cluster")
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
+    parser.add_argument("--bundle_mb", type=float, default=64,
+                        help="largest bundle (encoded input) a worker gets; 0: a whole stage")
+    parser.add_argument("--default_malloc", action="store_true",
+                        help="leave glibc's mmap and trim thresholds dynamic (see above)")
     parser.add_argument("--cell", action="store_true", help="run one cell in this process")
     args = parser.parse_args()
     if args.cell:
-        print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers)),
-              flush=True)
+        print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers,
+                                  args.bundle_mb)), flush=True)
         return
     rows = []
     for docs in args.docs:
         for dups in args.dups:
             out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
                                   "--docs", str(docs), "--dups", str(dups),
-                                  "--giant", str(args.giant), "--workers", str(args.workers)],
-                                 capture_output=True, text=True, check=True).stdout
+                                  "--giant", str(args.giant), "--workers", str(args.workers),
+                                  "--bundle_mb", str(args.bundle_mb)],
+                                 capture_output=True, text=True, check=True,
+                                 env=os.environ if args.default_malloc else {
+                                     **os.environ, **FIXED_MALLOC}).stdout
             row = json.loads(out.strip().splitlines()[-1])
+            row["malloc"] = "default" if args.default_malloc else "fixed thresholds"
             if row["decided"] != row["duplicates"]:
                 raise SystemExit(f"wrong decisions: {row}")
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("| documents | duplicates | worker peak (MB) | runner peak (MB) | rounds with changes"
-          " | labels changed per round | wall (s) |")
-    print("|---:|---:|---:|---:|---:|---|---:|")
+    print("| documents | F | duplicates | largest step | its peak (MB) | its rise (MB) | bundles"
+          " | runner peak (MB) | rounds with changes | wall (s) |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['docs']:,} | {row['duplicates']:,} ({row['duplicates'] / row['docs']:.0%})"
-              f" | {row['worker_peak_mb']:,} | {row['runner_peak_mb']:,} | "
-              f"{row['rounds_with_changes']} | {row['changed_per_round']} | {row['wall_s']:,} |")
+        print(f"| {row['docs']:,} | {row['dup_fraction']:.0%} | {row['duplicates']:,} "
+              f"({row['duplicates'] / row['docs']:.0%}) | {row['largest_step'].split(' + ')[0]} "
+              f"| {row['largest_step_peak_mb']:,} | {row['largest_step_rise_mb']:,} | "
+              f"{row['largest_step_bundles']} | {row['runner_peak_mb']:,} | "
+              f"{row['rounds_with_changes']} (+1) | {row['wall_s']:,} |")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ from transforms.core.vocabulary import (
     DUPLICATE_NEAR,
 )
 from transforms.io.readers import parse_input_spec, plan_shards
+from transforms.knowledge import dedup
 from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import (
     CONTENT,
     ChunkDecisions,
     ConnectedComponents,
     DedupConfig,
+    DocumentKeys,
     FindDuplicates,
     MinHasher,
     band_keys,
@@ -35,9 +37,11 @@ from transforms.knowledge.dedup import (
     content_hash,
     document_keys,
     file_numbering,
+    packed_candidate_pairs_in_bucket,
     resolve_duplicates,
     shingles,
     similarity,
+    unpack_pair,
     write_decisions,
 )
 from transforms.knowledge.normalize import normalize_text
@@ -175,6 +179,28 @@ def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
     assert found == expected
     assert all(isinstance(part, int) for pair in found for node in pair
                for part in node[:CONTENT])
+    packed = sorted(unpack_pair(pair) for bucket in per_bucket.items()
+                    for pair in packed_candidate_pairs_in_bucket(bucket))
+    assert packed == expected
+
+
+def test_band_rows_sorted_a_slice_at_a_time_give_the_same_pairs(monkeypatch):
+    """Band keys shared by 1 to 5 documents (some with the same content), taken 3 rows at a
+    time: a key's rows stay in one slice and the pairs are those of a plain grouping."""
+    rng = np.random.default_rng(7)
+    docs = [DocumentKeys((0, 1, i, 9, bytes([i % 4]) * 16),
+                         tuple(bytes([band]) + b"%07d" % rng.integers(0, 6) for band in range(3)))
+            for i in range(40)]
+    plain: dict[bytes, list] = {}
+    for doc in docs:
+        for band in doc.bands:
+            plain.setdefault(band, []).append(doc.node)
+    expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
+    bucket = (0, [blob for _, blob in band_rows_by_bucket(docs, 1)])
+    assert sorted(candidate_pairs_in_bucket(bucket)) == expected
+    monkeypatch.setattr(dedup, "_SLICE_ROWS", 3)
+    monkeypatch.setattr(dedup, "_PAIR_BATCH", 2)
+    assert sorted(candidate_pairs_in_bucket(bucket)) == expected
 
 
 def node(*key: int) -> tuple:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -465,11 +466,13 @@ class FindDuplicates(beam.PTransform):
             batches
             | "ByBand" >> beam.FlatMap(band_rows_by_bucket, buckets)
             | "GroupByBand" >> beam.GroupByKey()
-            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_in_bucket)
+            | "CandidatePairs" >> beam.FlatMap(packed_candidate_pairs_in_bucket)
             # A pair is found in every band its two members share (up to all of them): once is
             # enough, and the first member of a large cluster would otherwise meet each of its
-            # pairs that many times in the signature join.
-            | "DistinctPairs" >> beam.Distinct())
+            # pairs that many times in the signature join. Packed, a pair is one small bytes
+            # object in the combiner table that Distinct keeps per bundle.
+            | "DistinctPairs" >> beam.Distinct()
+            | "UnpackPairs" >> beam.Map(unpack_pair))
         near = (
             {
                 "signature": batches | "Signatures" >> beam.FlatMap(lambda batch: by_bucket(
@@ -543,22 +546,94 @@ def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
 
 
 def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[Pair]:
-    """``candidate_pairs`` of each band key in a bucket that more than one document shares:
-    numpy finds those few among the bucket's rows, and only they become Python objects."""
+    """``candidate_pairs`` of each band key in a bucket that more than one document shares."""
+    for firsts, others in _pair_rows(bucket):
+        yield from zip(_nodes(firsts), _nodes(others), strict=True)
+
+
+def packed_candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
+    """``candidate_pairs_in_bucket``, each pair packed as ``_PAIR`` bytes: a pair is found in
+    every band its members share, and ``Distinct`` holds up to 10^5 of them per bundle (the
+    SDK's combiner-lifting table), in 96 bytes each rather than as two Python nodes."""
+    for firsts, others in _pair_rows(bucket):
+        packed = np.empty(len(firsts), dtype=_PACKED_PAIR)
+        packed["a_key"], packed["a_content"] = firsts["key"], firsts["content"]
+        packed["b_key"], packed["b_content"] = others["key"], others["content"]
+        blob, width = packed.tobytes(), _PACKED_PAIR.itemsize
+        yield from (blob[i:i + width] for i in range(0, len(blob), width))
+
+
+def unpack_pair(packed: bytes) -> Pair:
+    a0, a1, a2, a3, a_content, b0, b1, b2, b3, b_content = _PAIR.unpack(packed)
+    return (a0, a1, a2, a3, a_content), (b0, b1, b2, b3, b_content)
+
+
+_PACKED_PAIR = np.dtype([("a_key", "<i8", (4,)), ("a_content", "V16"),
+                         ("b_key", "<i8", (4,)), ("b_content", "V16")])
+_PAIR = struct.Struct("<4q16s4q16s")
+
+
+def _pair_rows(bucket: tuple[int, Iterable[bytes]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The candidate pairs of a bucket's band rows, as (first members, other members) rows,
+    at most ``_PAIR_BATCH`` pairs at a time, in numpy: the rows are ordered by band key, then
+    taken a slice of about ``_SLICE_ROWS`` at a time (whole band keys only), and in each slice
+    the rows of band keys that more than one document has are sorted by node, the first node
+    per band and content kept, and each band's first kept node paired with each other one.
+    Nothing per row becomes a Python object and the sorting is per slice, so a bucket holds
+    its rows, their order and one slice, however many of them are copies (issue 20: a Python
+    node per shared row made a bucket's memory grow with its duplicates)."""
     _, blobs = bucket
     rows = np.concatenate([np.frombuffer(blob, _BAND_ROW) for blob in blobs])
-    rows = rows[np.argsort(rows["band"], kind="stable")]
-    same = rows["band"][1:] == rows["band"][:-1]
-    shared = np.zeros(len(rows), dtype=bool)
-    shared[1:] = same
-    shared[:-1] |= same
-    rows = rows[shared]
-    members: dict[int, list[Node]] = collections.defaultdict(list)
-    for band, key, content in zip(rows["band"].tolist(), rows["key"].tolist(),
-                                  map(bytes, rows["content"]), strict=True):
-        members[band].append((*key, content))
-    for group in members.items():
-        yield from candidate_pairs(group)
+    order = np.argsort(rows["band"], kind="stable")
+    band = rows["band"][order]
+    start = 0
+    while start < len(rows):
+        # The slice ends after a whole band key: all of a key's rows are in one slice.
+        end = int(np.searchsorted(band, band[min(start + _SLICE_ROWS, len(rows)) - 1], "right"))
+        same = band[start + 1:end] == band[start:end - 1]
+        shared = np.zeros(end - start, dtype=bool)
+        shared[1:] = same
+        shared[:-1] |= same
+        if shared.any():
+            yield from _slice_pairs(rows[order[start:end][shared]])
+        start = end
+
+
+def _slice_pairs(rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    # The content hash as two big-endian numbers: they sort as the bytes do, so the sort below
+    # orders nodes as tuples compare (record key, chunk, content).
+    content = rows["content"].copy().view(">u8").reshape(-1, 2)
+    key = rows["key"]
+    order = np.lexsort((content[:, 1], content[:, 0], key[:, 3], key[:, 2], key[:, 1],
+                        key[:, 0], rows["band"]))
+    rows, content = rows[order], content[order]
+    band = rows["band"]
+    # The first (smallest) node of each band and content: a stable sort by (band, content)
+    # keeps node order inside each run, so a run's first row is that node.
+    by_content = np.lexsort((np.arange(len(rows)), content[:, 1], content[:, 0], band))
+    b, c = band[by_content], content[by_content]
+    run_start = np.ones(len(rows), dtype=bool)
+    run_start[1:] = (b[1:] != b[:-1]) | (c[1:, 0] != c[:-1, 0]) | (c[1:, 1] != c[:-1, 1])
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[by_content[run_start]] = True
+    rows = rows[keep]
+    band = rows["band"]
+    group_start = np.ones(len(rows), dtype=bool)
+    group_start[1:] = band[1:] != band[:-1]
+    first = np.maximum.accumulate(np.where(group_start, np.arange(len(rows)), 0))
+    others = np.flatnonzero(~group_start)
+    for start in range(0, len(others), _PAIR_BATCH):
+        batch = others[start:start + _PAIR_BATCH]
+        yield rows[first[batch]], rows[batch]
+
+
+_SLICE_ROWS = 1 << 16  # band rows sorted by node at a time (more for a larger band key)
+_PAIR_BATCH = 4096  # candidate pairs made Python objects at a time
+
+
+def _nodes(rows: np.ndarray) -> list[Node]:
+    return [(*key, content) for key, content in zip(rows["key"].tolist(),
+                                                    map(bytes, rows["content"]), strict=True)]
 
 
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
