@@ -33,7 +33,6 @@ from transforms.knowledge.dedup import (
     band_keys,
     band_rows_by_bucket,
     candidate_pairs,
-    candidate_pairs_in_bucket,
     content_hash,
     document_keys,
     file_numbering,
@@ -174,14 +173,11 @@ def test_packed_band_rows_give_the_pairs_of_a_plain_grouping(hasher, buckets):
         for bucket, blob in band_rows_by_bucket(batch, buckets):
             assert 0 <= bucket < buckets
             per_bucket.setdefault(bucket, []).append(blob)
-    found = sorted(pair for bucket in per_bucket.items()
-                   for pair in candidate_pairs_in_bucket(bucket))
+    found = sorted(unpack_pair(pair) for bucket in per_bucket.items()
+                   for pair in packed_candidate_pairs_in_bucket(bucket))
     assert found == expected
     assert all(isinstance(part, int) for pair in found for node in pair
                for part in node[:CONTENT])
-    packed = sorted(unpack_pair(pair) for bucket in per_bucket.items()
-                    for pair in packed_candidate_pairs_in_bucket(bucket))
-    assert packed == expected
 
 
 def test_band_rows_sorted_a_slice_at_a_time_give_the_same_pairs(monkeypatch):
@@ -197,10 +193,10 @@ def test_band_rows_sorted_a_slice_at_a_time_give_the_same_pairs(monkeypatch):
             plain.setdefault(band, []).append(doc.node)
     expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
     bucket = (0, [blob for _, blob in band_rows_by_bucket(docs, 1)])
-    assert sorted(candidate_pairs_in_bucket(bucket)) == expected
+    assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
     monkeypatch.setattr(dedup, "_SLICE_ROWS", 3)
     monkeypatch.setattr(dedup, "_PAIR_BATCH", 2)
-    assert sorted(candidate_pairs_in_bucket(bucket)) == expected
+    assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
 
 
 def node(*key: int) -> tuple:

@@ -545,15 +545,10 @@ def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
         yield number, rows[bucket == number].tobytes()
 
 
-def candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[Pair]:
-    """``candidate_pairs`` of each band key in a bucket that more than one document shares."""
-    for firsts, others in _pair_rows(bucket):
-        yield from zip(_nodes(firsts), _nodes(others), strict=True)
-
-
 def packed_candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
-    """``candidate_pairs_in_bucket``, each pair packed as ``_PAIR`` bytes: a pair is found in
-    every band its members share, and ``Distinct`` holds up to 10^5 of them per bundle (the
+    """``candidate_pairs`` of each band key in a bucket that more than one document shares,
+    each pair packed as ``_PAIR`` bytes (``unpack_pair``): a pair is found in every band its
+    members share, and ``Distinct`` holds up to 10^5 of them per bundle (the
     SDK's combiner-lifting table), in 96 bytes each rather than as two Python nodes."""
     for firsts, others in _pair_rows(bucket):
         packed = np.empty(len(firsts), dtype=_PACKED_PAIR)
@@ -629,11 +624,6 @@ def _slice_pairs(rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 _SLICE_ROWS = 1 << 16  # band rows sorted by node at a time (more for a larger band key)
 _PAIR_BATCH = 4096  # candidate pairs made Python objects at a time
-
-
-def _nodes(rows: np.ndarray) -> list[Node]:
-    return [(*key, content) for key, content in zip(rows["key"].tolist(),
-                                                    map(bytes, rows["content"]), strict=True)]
 
 
 def _signature_per_pair(joined: tuple[int, Mapping[str, list]]) -> Iterator[tuple]:
