@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.card import write_card
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.io.manifest import read_manifest
+from transforms.io.writers import check_card_place
 
 REPORT_NAME = "report.html"
 INSTALL_HINT = "pip install 'beam-llm-dataprep[report]'"  # or: pip install matplotlib
@@ -499,10 +500,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not FileSystems.exists(FileSystems.join(output, "manifest.json")):
         print(f"error: {output} holds no manifest.json (not a complete run)", file=sys.stderr)
         sys.exit(2)
-    print(f"card: {write_card(output)}")
     try:
+        check_card_place(output)
+        print(f"card: {write_card(output)}")
         print(f"report: {write_report(output)}")
-    except ReportUnavailable as error:
+    except (ValueError, ReportUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -155,5 +155,18 @@ def test_report_command_refuses_a_folder_without_a_manifest(tmp_path, capsys):
                                        "(not a complete run)\n")
 
 
+def test_report_command_leaves_a_readme_of_the_users_alone(prepared, tmp_path, capsys):
+    copy = tmp_path / "theirs"
+    shutil.copytree(prepared.output, copy)
+    (copy / "README.md").write_text("# Our notes on this corpus\n")
+    with pytest.raises(SystemExit) as stopped:
+        report.main([str(copy)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: {copy / 'README.md'} is not a dataset card of this pipeline, and a run writes "
+        "its card there; move the file, or choose another --output\n")
+    assert (copy / "README.md").read_text() == "# Our notes on this corpus\n"
+
+
 def test_length_counters_doctests():
     assert doctest.testmod(lengths).failed == 0
