@@ -144,8 +144,8 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
         (chunks
          | "ShardNames" >> beam.Map(lambda chunk: shard_of(chunk.chunk_id))
          | "DistinctShards" >> beam.Distinct()),
-        p | "TailGroups" >> beam.Create(tail_group_ids(tail_buckets(shards))))
-    shard_names = shard_names | "StagingShards" >> beam.Flatten()
+        p | "TailGroups" >> beam.Create(tail_group_ids(tail_buckets(shards)))
+    ) | "StagingShards" >> beam.Flatten()
     return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         beam.pvalue.AsSingleton(fields))
