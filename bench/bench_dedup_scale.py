@@ -21,19 +21,22 @@ stage) in a new worker process; and glibc's mmap and trim thresholds are fixed (
 unless ``--default_malloc``). Before each bundle the worker's high-water mark is reset
 (``/proc/PID/clear_refs``) and after it ``VmHWM`` is read: a step's peak is the largest over its
 bundles, and the cell reports the step with the largest peak. The runner process plays
-Dataflow's shuffle service: the FnApiRunner keeps every shuffle's data in its own memory, so
-its peak (``VmHWM``) grows with what is shuffled, by design of the local runner.
+Dataflow's shuffle service. The FnApiRunner keeps every shuffle's data in its own memory (about
+34 GB at 10^7 documents), so the bench has it keep them in files under ``--spill_dir`` instead,
+grouped one hash partition at a time (``bench/spilled_shuffle.py``); ``--spill_dir ""`` leaves
+them in memory.
 
     .venv/bin/python -m bench.bench_dedup_scale [--docs 1000000] [--dups 0.05 0.3 0.6]
-        [--giant 100000] [--workers 1] [--bundle_mb 64] [--default_malloc]
+        [--giant 100000] [--workers 1] [--bundle_mb 64] [--default_malloc] [--spill_dir DIR]
 
-Prints one JSON line per cell (every step's bundles, largest bundle and peak) and a Markdown
-table at the end.
+Prints one JSON line per cell (for every step: its bundles, the largest, its peak, and each
+bundle's resident memory before it and at its peak) and a Markdown table at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -42,6 +45,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -55,6 +59,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
+from bench.spilled_shuffle import spill_shuffles
 from transforms.core.steps import METRICS_NAMESPACE
 from transforms.knowledge.dedup import (
     MAX_ROUNDS,
@@ -167,12 +172,13 @@ class _BoundedBundles(fn_runner.BundleManager):
                        default=0)
             step = self.steps.setdefault(_step_name(self.bundle_context_manager.stage.name),
                                          {"bundles": 0, "largest_bundle_mb": 0, "peak_kb": 0,
-                                          "rise_kb": 0})
+                                          "rise_kb": 0, "trace": []})
             step["bundles"] += 1
             step["largest_bundle_mb"] = max(step["largest_bundle_mb"], round(
                 sum(len(blob) for piece in part.values() for blob in piece) / 2**20))
             step["peak_kb"] = max(step["peak_kb"], peak)
             step["rise_kb"] = max(step["rise_kb"], peak - before)
+            step["trace"].append((round(before / 1024), round(peak / 1024)))
             splits += split
             merged = result if merged is None else beam_fn_api_pb2.InstructionResponse(
                 process_bundle=beam_fn_api_pb2.ProcessBundleResponse(
@@ -287,7 +293,8 @@ def _quiet_stopped_workers(args) -> None:
         threading.__excepthook__(args)
 
 
-def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float) -> dict:
+def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float,
+             spill_dir: str = "") -> dict:
     corpus = Corpus(docs, dups, giant)
     buckets = max(1, -(-docs // DOCS_PER_BUCKET))
     threading.excepthook = _quiet_stopped_workers
@@ -305,15 +312,17 @@ def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float)
          | beam.FlatMap(make_chunk, corpus)
          | FindDuplicates(CONFIG.threshold, buckets)
          | beam.Map(_count))
-    result = pipeline.run()
-    result.wait_until_finish()
+    with spill_shuffles(spill_dir) if spill_dir else contextlib.nullcontext():
+        result = pipeline.run()
+        result.wait_until_finish()
     wall = time.perf_counter() - started
     counters = {c.key.metric.name: c.committed for c in result.metrics().query(
         MetricsFilter())["counters"] if c.key.metric.namespace in ("bench", METRICS_NAMESPACE)}
     changed = [counters.get(f"dedup.round_{r:02d}.changed", 0) for r in range(1, MAX_ROUNDS + 1)]
     steps = {name: {"bundles": step["bundles"], "largest_bundle_mb": step["largest_bundle_mb"],
                     "peak_mb": round(step["peak_kb"] / 1024),
-                    "rise_mb": round(step["rise_kb"] / 1024)}
+                    "rise_mb": round(step["rise_kb"] / 1024),
+                    "bundles_mb": step["trace"]}
              for name, step in _BoundedBundles.steps.items()}
     largest = max(steps, key=lambda name: steps[name]["peak_mb"])
     return {
@@ -343,11 +352,14 @@ def main() -> None:
                         help="largest bundle (encoded input) a worker gets; 0: a whole stage")
     parser.add_argument("--default_malloc", action="store_true",
                         help="leave glibc's mmap and trim thresholds dynamic (see above)")
+    parser.add_argument("--spill_dir", default=tempfile.gettempdir(),
+                        help="where the runner keeps shuffled data (bench/spilled_shuffle.py);"
+                        " empty: in its memory, as the local runner does")
     parser.add_argument("--cell", action="store_true", help="run one cell in this process")
     args = parser.parse_args()
     if args.cell:
         print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers,
-                                  args.bundle_mb)), flush=True)
+                                  args.bundle_mb, args.spill_dir)), flush=True)
         return
     rows = []
     for docs in args.docs:
@@ -355,7 +367,8 @@ def main() -> None:
             out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
                                   "--docs", str(docs), "--dups", str(dups),
                                   "--giant", str(args.giant), "--workers", str(args.workers),
-                                  "--bundle_mb", str(args.bundle_mb)],
+                                  "--bundle_mb", str(args.bundle_mb),
+                                  "--spill_dir", args.spill_dir],
                                  capture_output=True, text=True, check=True,
                                  env=os.environ if args.default_malloc else {
                                      **os.environ, **FIXED_MALLOC}).stdout

@@ -7,10 +7,13 @@ import collections
 import os
 import sys
 
+import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
 
-from bench import checks, corpus, proc, report
+from bench import checks, corpus, proc, report, spilled_shuffle
 from tests.conftest import require_shared_data
 
 
@@ -90,3 +93,31 @@ def test_speed_ratios_use_whole_wall_time_and_show_the_work_less_start_up():
                           strict=True).met
     slow_start = run._speed("t", ours, measured(12.0, 2.0), "knowledge", peer, 0.5)
     assert "less start-up n/a" in slow_start.measured
+
+
+@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+def test_spilled_shuffles_group_as_beam_does(mode, tmp_path, monkeypatch):
+    """The dedup simulation's runner keeps shuffles on disk (bench/spilled_shuffle.py): with
+    partitions of 4 KiB, a shuffle is regrouped from many hash partitions and still gives
+    every key all its values once; a materialized PCollection read by two steps is whole."""
+    monkeypatch.setattr(spilled_shuffle, "PARTITION_BYTES", 4096)
+    monkeypatch.setattr(spilled_shuffle, "FLUSH_BYTES", 512)
+    counts = []
+    hash_partitions = spilled_shuffle.SpilledGroupingBuffer._hash_partitions
+
+    def counted(buffer):
+        parts = hash_partitions(buffer)
+        counts.append(len(parts))
+        return parts
+
+    monkeypatch.setattr(spilled_shuffle.SpilledGroupingBuffer, "_hash_partitions", counted)
+    n, keys = 20_000, 997
+    with spilled_shuffle.spill_shuffles(str(tmp_path)), beam.Pipeline(
+            options=PipelineOptions([f"--direct_running_mode={mode}"])) as p:
+        pairs = p | beam.Create(range(n)) | beam.Map(lambda x: (x % keys, x))
+        grouped = pairs | beam.GroupByKey() | beam.MapTuple(lambda k, v: (k, sorted(v)))
+        assert_that(grouped, equal_to([(k, list(range(k, n, keys))) for k in range(keys)]))
+        distinct = pairs | beam.Keys() | beam.Distinct()
+        both = (grouped | "K" >> beam.Keys(), distinct) | beam.Flatten()
+        assert_that(both | beam.combiners.Count.Globally(), equal_to([2 * keys]), label="Both")
+    assert max(counts) > 10
