@@ -321,7 +321,8 @@ def prepare(argv: Sequence[str]) -> Plan:
     template = cfg.instruction.chat_template
     if template is not None or cfg.instruction.system_prompt == SYSTEM_NONE:
         tok = load_tokenizer(cfg.tokenizer, template)
-        if template is not None:  # a tokenizer's own template is its family's by definition
+        # A tokenizer's own template is its family's by definition.
+        if template is not None and not cfg.instruction.template_markup_as_text:
             check_template_tokens(tok, f"--chat_template {template!r}")
         check_system_prompt(tok, cfg.instruction.system_prompt)
     phases = plan_phases(cfg)

@@ -12,11 +12,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline import pipeline
 from beam_pipeline.pipeline import main, prepare
 from tests.conftest import EXAMPLES
+from transforms.core import tokenizer
 from transforms.io import readers
 
 BROKEN = f"{EXAMPLES}/broken_lines.jsonl"
@@ -229,8 +232,38 @@ def test_another_model_familys_chat_template_fails_at_planning(tmp_path, capsys)
                    "<|eot_id|>, which the tokenizer 'qwen2-offline' does not hold as tokens "
                    "(another model family's template): they would be trained as plain text; pass "
                    "the --tokenizer of the template's model, or a template written for this "
-                   "tokenizer\n")
+                   "tokenizer (or --template_markup_as_text=true if it spells its markup as text "
+                   "by design)\n")
     assert not (tmp_path / "o").exists()
+
+
+ZEPHYR_STYLE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+                "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_a_template_that_spells_its_markup_as_text_runs_when_asked(tmp_path):
+    """Zephyr-style markup is text by design: with --template_markup_as_text the run goes on,
+    the markup is in the tokens as text and only the replies (and their end token) train."""
+    template = tmp_path / "zephyr.jinja"
+    template.write_text(ZEPHYR_STYLE)
+    out = tmp_path / "o"
+    records = json.loads((EXAMPLES / "messages_sample.json").read_text())
+    main([f"--input={EXAMPLES}/messages_sample.json", f"--output={out}", "--quiet",
+          f"--chat_template={template}", "--template_markup_as_text=true",
+          "--seq_len=8192"])  # nothing truncated: every reply is whole
+    tok = tokenizer.load_tokenizer(None, str(template))
+    replies = []
+    for path in sorted((out / "sft").glob("*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            ids, labels = np.array(row["input_ids"]), np.array(row["labels"])
+            assert "<|user|>\n" in tok.decode(ids)  # several tokens, as the template means
+            trained = labels != -100
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], trained.astype(int), [0]])))
+            replies += [tok.decode(ids[start:end]) for start, end in zip(edges[::2], edges[1::2],
+                                                                          strict=True)]
+    expected = [m["content"] + tok.eos_token for r in records for m in r["messages"]
+                if m["role"] == "assistant"]
+    assert sorted(replies) == sorted(expected)
 
 
 def test_a_users_readme_stops_a_run_only_where_its_card_would_go(tmp_path, capsys):

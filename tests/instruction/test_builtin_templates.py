@@ -348,4 +348,5 @@ def test_another_familys_template_is_refused_naming_its_markup(name, folder, mar
         f"--chat_template {name!r} writes {markup}, which the tokenizer {tok.name_or_path!r} does "
         "not hold as tokens (another model family's template): they would be trained as plain "
         "text; pass the --tokenizer of the template's model, or a template written for this "
-        "tokenizer")
+        "tokenizer (or --template_markup_as_text=true if it spells its markup as text by "
+        "design)")

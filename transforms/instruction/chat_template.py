@@ -331,7 +331,8 @@ def check_template_tokens(tok: PreTrainedTokenizerBase, label: str) -> None:
             f"{label} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
             "does not hold as tokens (another model family's template): they would be trained "
             "as plain text; pass the --tokenizer of the template's model, or a template written "
-            "for this tokenizer")
+            "for this tokenizer (or --template_markup_as_text=true if it spells its markup as "
+            "text by design)")
 
 
 class _Encoder:

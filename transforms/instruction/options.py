@@ -35,7 +35,12 @@ class InstructionOptions(PipelineOptions):
             help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
             "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3). Its control "
             "markup must be tokens of --tokenizer: another family's template stops the run "
-            "before any work.")
+            "before any work (see --template_markup_as_text).")
+        group.add_argument(
+            "--template_markup_as_text", type=boolean, default=False,
+            help="Accept a --chat_template whose control markup (such as <|user|>) --tokenizer "
+            "spells as text, as Zephyr-style templates do by design; the markup is then trained "
+            "as the text it is (default false: such a template stops the run).")
         group.add_argument(
             "--system_prompt", type=system_prompt, default=SYSTEM_TEMPLATE,
             help="The system message of conversations that have none (their own is always "
@@ -128,6 +133,7 @@ class InstructionConfig:
     overflow: str = "truncate"
     pad_to_seq_len: bool = False
     write_examples: bool = False
+    template_markup_as_text: bool = False
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> InstructionConfig:
@@ -141,7 +147,8 @@ class InstructionConfig:
                      schemas=parse_schema_options(view.schema), max_turns=view.max_turns,
                      max_chars=view.max_chars, overflow=view.overflow,
                      pad_to_seq_len=view.pad_to_seq_len,
-                     write_examples=view.write_examples)
+                     write_examples=view.write_examples,
+                     template_markup_as_text=view.template_markup_as_text)
         config.load_schemas()
         return config
 
