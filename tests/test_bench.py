@@ -99,7 +99,8 @@ def test_speed_ratios_use_whole_wall_time_and_show_the_work_less_start_up():
 def test_spilled_shuffles_group_as_beam_does(mode, tmp_path, monkeypatch):
     """The dedup simulation's runner keeps shuffles on disk (bench/spilled_shuffle.py): with
     partitions of 4 KiB, a shuffle is regrouped from many hash partitions and still gives
-    every key all its values once; a materialized PCollection read by two steps is whole."""
+    every key all its values once, and the PCollections the runner materializes between steps
+    (the flatten's inputs here) are read back whole."""
     monkeypatch.setattr(spilled_shuffle, "PARTITION_BYTES", 4096)
     monkeypatch.setattr(spilled_shuffle, "FLUSH_BYTES", 512)
     counts = []
