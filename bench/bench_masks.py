@@ -26,7 +26,7 @@ import trl
 from transformers import AutoTokenizer
 
 from transforms.core.vocabulary import (
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import (
     Conversation,
@@ -44,7 +44,7 @@ def conversations() -> list[Conversation]:
     found = []
     for relative in FILES:
         for row in json.loads((SHARED / "data" / relative).read_text(encoding="utf-8")):
-            with contextlib.suppress(RecordError):  # the few the adapters reject
+            with contextlib.suppress(Drop):  # the few the adapters reject
                 found.append(to_conversation(row))
     return found
 

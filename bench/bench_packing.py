@@ -25,7 +25,7 @@ from transforms.classify import classify
 from transforms.core.records import Rejection
 from transforms.core.tokenizer import load_tokenizer
 from transforms.core.vocabulary import (
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import to_conversation
 from transforms.instruction.chat_template import EncodedExample, encode_conversations
@@ -70,7 +70,7 @@ def examples_in_input_order(seq_len: int) -> list[list[int]]:
                 schemas[record.format].check(record.value)
                 conversation = to_conversation(record.value, record.format)
                 check_conversation(conversation, config.limits)
-            except RecordError:
+            except Drop:
                 continue
             conversations.append(conversation)
     results = encode_conversations(tok, conversations, config.mask_options, config.system_prompt,

@@ -20,7 +20,7 @@ from transforms.core.vocabulary import (
     UNKNOWN_FORMAT,
     UNKNOWN_ROLE,
     WRONG_TYPE,
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import (
     Conversation,
@@ -42,8 +42,8 @@ def roles(conversation: Conversation) -> list[str]:
     return [m["role"] for m in conversation.messages]
 
 
-def adapt_error(value: object, fmt: str | None = None) -> RecordError:
-    with pytest.raises(RecordError) as info:
+def adapt_error(value: object, fmt: str | None = None) -> Drop:
+    with pytest.raises(Drop) as info:
         to_conversation(value, fmt)  # type: ignore[arg-type]
     return info.value
 
@@ -396,13 +396,13 @@ def test_record_level_reasoning_for_single_reply_formats():
     ({"prompt": "q", "response": "42", "reasoning": 7}, WRONG_TYPE),
 ])
 def test_bad_reasoning_is_rejected(record, reason):
-    with pytest.raises(RecordError) as error:
+    with pytest.raises(Drop) as error:
         to_conversation(record)
     assert error.value.reason == reason
 
 
 def test_declared_reasoning_field_per_turn_and_per_record():
-    from transforms.classify import apply_field_map
+    from transforms.core.fields import apply_field_map
 
     turns = apply_field_map({"conversations": [{"from": "human", "value": "q"},
                                                {"from": "gpt", "value": "42", "thought": "r"}]},

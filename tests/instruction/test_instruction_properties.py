@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, Rejection
-from transforms.core.vocabulary import INSTRUCTION, RecordError
+from transforms.core.vocabulary import INSTRUCTION, Drop
 from transforms.instruction.adapters import to_conversation
 from transforms.instruction.chat_template import (
     EncodedExample,
@@ -55,7 +55,7 @@ def test_arbitrary_json_is_routed_or_rejected_with_a_reason_never_raised(value, 
         builtin_schema(record.format).check(record.value)
         conversation = to_conversation(record.value, record.format)
         check_conversation(conversation, ConversationLimits())
-    except RecordError as error:
+    except Drop as error:
         assert error.reason
         return
     [result] = encode_conversations(qwen_tokenizer, [conversation], MaskOptions())

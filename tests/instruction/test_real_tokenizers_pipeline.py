@@ -20,9 +20,9 @@ from transformers import AutoTokenizer
 from beam_pipeline.pipeline import run
 from tests.conftest import EXAMPLES, require_shared_data
 from tests.support.marked_templates import REAL_FAMILIES, TOKENIZERS, marked, stock_template
-from transforms.classify import apply_field_map
+from transforms.core.fields import apply_field_map
 from transforms.core.vocabulary import (
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import to_conversation
 from transforms.instruction.chat_template import inline_reasoning
@@ -56,7 +56,7 @@ def oracle(tok, template: str) -> collections.Counter:
     for row in records():
         try:
             conversation = to_conversation(row)
-        except RecordError:
+        except Drop:
             continue
         messages = list(conversation.messages)
         if "reasoning_content" not in template:  # the pipeline writes reasoning inline there

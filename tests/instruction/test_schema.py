@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.vocabulary import (
     INSTRUCTION_FORMATS,
-    RecordError,
+    Drop,
 )
 from transforms.instruction import adapters, schema
 from transforms.instruction.adapters import Conversation, instruction_format, to_conversation
@@ -50,8 +50,8 @@ def load_rows(relative: str) -> list[dict]:
     return rows
 
 
-def schema_error(fmt: str, value: dict) -> RecordError:
-    with pytest.raises(RecordError) as info:
+def schema_error(fmt: str, value: dict) -> Drop:
+    with pytest.raises(Drop) as info:
         builtin_schema(fmt).check(value)
     return info.value
 
@@ -207,7 +207,7 @@ def record(**changes) -> dict:
     ],
 )
 def test_a_user_schema_enforces_its_own_rules(user_schema, changes, reason, message):
-    with pytest.raises(RecordError) as info:
+    with pytest.raises(Drop) as info:
         user_schema.check(record(**changes))
     assert info.value.reason == reason
     assert message in info.value.message
@@ -293,7 +293,7 @@ def test_valid_conversations_pass(messages):
     ],
 )
 def test_conversation_rules_reject_with_their_reason(messages, reason, message):
-    with pytest.raises(RecordError) as info:
+    with pytest.raises(Drop) as info:
         check_conversation(conversation(*messages), ConversationLimits())
     assert (info.value.reason, info.value.message) == (reason, message)
 
@@ -301,10 +301,10 @@ def test_conversation_rules_reject_with_their_reason(messages, reason, message):
 def test_size_limits_count_messages_and_content_characters():
     chat = conversation(SYSTEM, user("q" * 10), assistant("a" * 10))
     check_conversation(chat, ConversationLimits(max_turns=3, max_chars=29))
-    with pytest.raises(RecordError, match=r"3 messages > --max_turns 2") as info:
+    with pytest.raises(Drop, match=r"3 messages > --max_turns 2") as info:
         check_conversation(chat, ConversationLimits(max_turns=2))
     assert info.value.reason == schema.TOO_MANY_TURNS
-    with pytest.raises(RecordError, match=r"29 characters of content > --max_chars 28") as info:
+    with pytest.raises(Drop, match=r"29 characters of content > --max_chars 28") as info:
         check_conversation(chat, ConversationLimits(max_chars=28))
     assert info.value.reason == schema.TOO_MANY_CHARS
 
@@ -322,7 +322,7 @@ def test_rules_on_real_transcripts_find_exactly_the_malformed_ones():
             expected[n] = schema.EMPTY_ASSISTANT_TURN
         try:
             check_conversation(to_conversation(row), ConversationLimits())
-        except RecordError as e:
+        except Drop as e:
             found[n] = e.reason
     assert found == expected
     assert collections.Counter(found.values()) == {schema.BAD_ROLE_ORDER: 8,

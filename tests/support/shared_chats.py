@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.vocabulary import (
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import (
     Conversation,
@@ -52,7 +52,7 @@ def adapted(relative: str) -> tuple[tuple[Conversation, ...], int]:
     for row in rows:
         try:
             conversations.append(to_conversation(row))
-        except RecordError:
+        except Drop:
             failed += 1
     return tuple(conversations), failed
 

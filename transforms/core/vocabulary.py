@@ -5,7 +5,7 @@ Reason codes are part of the output contract: they name each record in ``rejecte
 ``filtered/`` and count it in ``manifest.json``. ``REASONS`` gives each its kind (``rejected``:
 the input is bad; ``filtered``: a policy dropped it) and the one line the README's table is
 generated from (``scripts/gen_reason_table.py``). A record that cannot go on raises
-``RecordError`` with its reason code, wherever the step.
+``Drop`` with its reason code, wherever the step.
 """
 
 from __future__ import annotations
@@ -37,13 +37,28 @@ class Reason:
     meaning: str  # one line, for the README's table
 
 
-class RecordError(Exception):
-    """A record that cannot go on; ``reason`` is one of ``REASONS``."""
+class Drop(Exception):
+    """Why a record leaves the pipeline: a reason code (one of ``REASONS``) and a message.
+
+    The one way every step says so: raised where work cannot go on, returned where a rule
+    decides, and kept on a ``Record`` that could not be read. Equal drops compare equal, and a
+    drop pickles, so it can travel inside a record between workers.
+    """
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(reason, message)
         self.reason = reason
         self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Drop) and (self.reason, self.message) == (other.reason,
+                                                                          other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.message))
 
 
 REASONS: dict[str, Reason] = {}

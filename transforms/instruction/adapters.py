@@ -29,7 +29,7 @@ Reasoning. A reply's reasoning trace becomes its ``reasoning_content`` (the fiel
 DeepSeek-R1 and vLLM use), from: that field on a ``messages`` or ShareGPT turn; a
 ``<think>...</think>`` block that opens the reply's text; or, for ``prompt_response`` and
 ``alpaca``, a record-level ``reasoning`` string. An input declares another field with
-``#reasoning=FIELD`` (``classify.apply_field_map``). The chat template decides where it is
+``#reasoning=FIELD`` (``core.fields.apply_field_map``). The chat template decides where it is
 rendered.
 """
 
@@ -40,6 +40,7 @@ import json
 import re
 from typing import Any
 
+from transforms.core.fields import REASONING, REASONING_CONTENT
 from transforms.core.vocabulary import (
     BAD_TOOL_CALL,
     BAD_TOOLS,
@@ -51,7 +52,7 @@ from transforms.core.vocabulary import (
     UNKNOWN_FORMAT,
     UNKNOWN_ROLE,
     WRONG_TYPE,
-    RecordError,
+    Drop,
 )
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -68,8 +69,6 @@ SHAREGPT_ROLES = {
 }
 FUNCTION_CALL = "function_call"
 
-REASONING_CONTENT = "reasoning_content"  # a turn's reasoning
-REASONING = "reasoning"  # a record's reasoning, for the single-reply formats
 _THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
 
 TRANSCRIPT_FIELDS = ("chosen", "text")
@@ -109,20 +108,20 @@ def instruction_format(value: dict) -> str | None:
 
 
 def to_conversation(value: dict, fmt: str | None = None) -> Conversation:
-    """Adapt one record (in format ``fmt``, detected when None) or raise ``RecordError``."""
+    """Adapt one record (in format ``fmt``, detected when None) or raise ``Drop``."""
     if not isinstance(value, dict):
-        raise RecordError(WRONG_TYPE, f"record must be an object, got {type(value).__name__}")
+        raise Drop(WRONG_TYPE, f"record must be an object, got {type(value).__name__}")
     fmt = fmt or instruction_format(value)
     if fmt is None:
-        raise RecordError(UNKNOWN_FORMAT, f"no instruction format matches fields {sorted(value)}")
+        raise Drop(UNKNOWN_FORMAT, f"no instruction format matches fields {sorted(value)}")
     if fmt not in _ADAPTERS:
-        raise RecordError(UNKNOWN_FORMAT, f"unknown format {fmt!r}; expected one of "
+        raise Drop(UNKNOWN_FORMAT, f"unknown format {fmt!r}; expected one of "
                           f"{INSTRUCTION_FORMATS}")
     messages, tools = _ADAPTERS[fmt](value)
     if fmt != "transcript":
         messages = _with_system(messages, _optional_str(value, "system"))
     if not messages:
-        raise RecordError(EMPTY_CONVERSATION, "the conversation has no messages")
+        raise Drop(EMPTY_CONVERSATION, "the conversation has no messages")
     return Conversation(tuple(messages), tools)
 
 
@@ -131,18 +130,18 @@ def _from_messages(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
     messages = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise RecordError(WRONG_TYPE, f"messages[{i}] must be an object")
+            raise Drop(WRONG_TYPE, f"messages[{i}] must be an object")
         if "role" not in turn:
-            raise RecordError(MISSING_FIELD, f"messages[{i}] has no 'role'")
+            raise Drop(MISSING_FIELD, f"messages[{i}] has no 'role'")
         role = turn["role"]
         if role not in ROLES:
-            raise RecordError(UNKNOWN_ROLE, f"messages[{i}] has unknown role {role!r}")
+            raise Drop(UNKNOWN_ROLE, f"messages[{i}] has unknown role {role!r}")
         calls = turn.get("tool_calls")
         content = turn.get("content")
         if content is None and calls:
             content = ""  # OpenAI sends content null on pure tool-call turns
         if not isinstance(content, str):
-            raise RecordError(
+            raise Drop(
                 WRONG_TYPE if "content" in turn else MISSING_FIELD,
                 f"messages[{i}].content must be a string",
             )
@@ -150,9 +149,9 @@ def _from_messages(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
         _add_reasoning(message, turn.get(REASONING_CONTENT), f"messages[{i}]")
         if calls:
             if role != "assistant":
-                raise RecordError(BAD_TOOL_CALL, f"messages[{i}] has tool_calls but is {role!r}")
+                raise Drop(BAD_TOOL_CALL, f"messages[{i}] has tool_calls but is {role!r}")
             if not isinstance(calls, list):
-                raise RecordError(BAD_TOOL_CALL, f"messages[{i}].tool_calls must be a list")
+                raise Drop(BAD_TOOL_CALL, f"messages[{i}].tool_calls must be a list")
             message["tool_calls"] = [_openai_tool_call(call, i) for call in calls]
         messages.append(message)
     return messages, _tools(value)
@@ -163,13 +162,13 @@ def _from_sharegpt(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
     messages = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise RecordError(WRONG_TYPE, f"conversations[{i}] must be an object")
+            raise Drop(WRONG_TYPE, f"conversations[{i}] must be an object")
         for key in ("from", "value"):
             if key not in turn:
-                raise RecordError(MISSING_FIELD, f"conversations[{i}] has no {key!r}")
+                raise Drop(MISSING_FIELD, f"conversations[{i}] has no {key!r}")
         speaker, text = turn["from"], turn["value"]
         if not isinstance(text, str):
-            raise RecordError(WRONG_TYPE, f"conversations[{i}].value must be a string")
+            raise Drop(WRONG_TYPE, f"conversations[{i}].value must be a string")
         if speaker == FUNCTION_CALL:
             messages.append(
                 {"role": "assistant", "content": "", "tool_calls": _sharegpt_calls(text, i)}
@@ -179,7 +178,7 @@ def _from_sharegpt(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
             _add_reasoning(message, turn.get(REASONING_CONTENT), f"conversations[{i}]")
             messages.append(message)
         else:
-            raise RecordError(UNKNOWN_ROLE, f"conversations[{i}] has unknown speaker {speaker!r}")
+            raise Drop(UNKNOWN_ROLE, f"conversations[{i}] has unknown speaker {speaker!r}")
     return messages, _tools(value)
 
 
@@ -206,7 +205,7 @@ def _from_alpaca(value: dict) -> tuple[list[dict], None]:
 def _from_transcript(value: dict) -> tuple[list[dict], None]:
     field = _transcript_field(value)
     if field is None:
-        raise RecordError(
+        raise Drop(
             MISSING_FIELD, f"no {' or '.join(TRANSCRIPT_FIELDS)} string in the Human/Assistant form"
         )
     parts = _TRANSCRIPT_TURN.split("\n\n" + value[field].lstrip())
@@ -239,11 +238,11 @@ def _add_reasoning(message: dict, reasoning: Any, where: str) -> None:
     if message["role"] != "assistant":
         return
     if reasoning is not None and not isinstance(reasoning, str):
-        raise RecordError(WRONG_TYPE, f"{where}: the reasoning must be a string")
+        raise Drop(WRONG_TYPE, f"{where}: the reasoning must be a string")
     think = _THINK.match(message["content"])
     if think is not None:
         if reasoning and reasoning.strip():
-            raise RecordError(DUPLICATE_REASONING, f"{where}: both a reasoning field and a "
+            raise Drop(DUPLICATE_REASONING, f"{where}: both a reasoning field and a "
                              "<think> block in the reply")
         reasoning = think.group(1)
         message["content"] = message["content"][think.end():].lstrip("\n")
@@ -267,23 +266,23 @@ def _with_system(messages: list[dict], system: str | None) -> list[dict]:
     if not system:
         return messages
     if any(m["role"] == "system" for m in messages):
-        raise RecordError(DUPLICATE_SYSTEM, "both a 'system' field and a system turn are present")
+        raise Drop(DUPLICATE_SYSTEM, "both a 'system' field and a system turn are present")
     return [{"role": "system", "content": system}, *messages]
 
 
 def _list_field(value: dict, field: str) -> list:
     items = value[field]
     if not isinstance(items, list):
-        raise RecordError(WRONG_TYPE, f"{field!r} must be a list, got {type(items).__name__}")
+        raise Drop(WRONG_TYPE, f"{field!r} must be a list, got {type(items).__name__}")
     return items
 
 
 def _str_field(value: dict, field: str) -> str:
     if field not in value or value[field] is None:
-        raise RecordError(MISSING_FIELD, f"missing {field!r}")
+        raise Drop(MISSING_FIELD, f"missing {field!r}")
     text = value[field]
     if not isinstance(text, str):
-        raise RecordError(WRONG_TYPE, f"{field!r} must be a string, got {type(text).__name__}")
+        raise Drop(WRONG_TYPE, f"{field!r} must be a string, got {type(text).__name__}")
     return text
 
 
@@ -297,15 +296,15 @@ def _arguments(arguments: Any, where: str) -> dict:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
-            raise RecordError(BAD_TOOL_CALL, f"{where}: arguments are not valid JSON: {e}") from e
+            raise Drop(BAD_TOOL_CALL, f"{where}: arguments are not valid JSON: {e}") from e
     if not isinstance(arguments, dict):
-        raise RecordError(BAD_TOOL_CALL, f"{where}: arguments must be a JSON object")
+        raise Drop(BAD_TOOL_CALL, f"{where}: arguments must be a JSON object")
     return arguments
 
 
 def _tool_call(name: Any, arguments: Any, where: str) -> dict:
     if not isinstance(name, str) or not name:
-        raise RecordError(BAD_TOOL_CALL, f"{where}: the function name must be a non-empty string")
+        raise Drop(BAD_TOOL_CALL, f"{where}: the function name must be a non-empty string")
     function = {"name": name, "arguments": _arguments(arguments, where)}
     return {"type": "function", "function": function}
 
@@ -314,7 +313,7 @@ def _openai_tool_call(call: Any, i: int) -> dict:
     where = f"messages[{i}].tool_calls"
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
-        raise RecordError(BAD_TOOL_CALL, f"{where}: each call needs a 'function' object")
+        raise Drop(BAD_TOOL_CALL, f"{where}: each call needs a 'function' object")
     return _tool_call(function.get("name"), function.get("arguments", {}), where)
 
 
@@ -324,10 +323,10 @@ def _sharegpt_calls(text: str, i: int) -> list[dict]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RecordError(BAD_TOOL_CALL, f"{where}: not valid JSON: {e}") from e
+        raise Drop(BAD_TOOL_CALL, f"{where}: not valid JSON: {e}") from e
     calls = parsed if isinstance(parsed, list) else [parsed]
     if not calls or not all(isinstance(call, dict) for call in calls):
-        raise RecordError(BAD_TOOL_CALL, f"{where}: expected an object or a list of objects")
+        raise Drop(BAD_TOOL_CALL, f"{where}: expected an object or a list of objects")
     return [_tool_call(call.get("name"), call.get("arguments", {}), where) for call in calls]
 
 
@@ -340,11 +339,11 @@ def _tools(value: dict) -> tuple[dict, ...] | None:
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as e:
-            raise RecordError(BAD_TOOLS, f"'tools' is not valid JSON: {e}") from e
+            raise Drop(BAD_TOOLS, f"'tools' is not valid JSON: {e}") from e
     if not tools:
         return None
     if not isinstance(tools, list):
-        raise RecordError(BAD_TOOLS, f"'tools' must be a list, got {type(tools).__name__}")
+        raise Drop(BAD_TOOLS, f"'tools' must be a list, got {type(tools).__name__}")
     normalized = []
     for i, tool in enumerate(tools):
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
@@ -352,8 +351,8 @@ def _tools(value: dict) -> tuple[dict, ...] | None:
         elif isinstance(tool, dict):
             function = tool
         else:
-            raise RecordError(BAD_TOOLS, f"tools[{i}] must be an object")
+            raise Drop(BAD_TOOLS, f"tools[{i}] must be an object")
         if not isinstance(function.get("name"), str) or not function["name"]:
-            raise RecordError(BAD_TOOLS, f"tools[{i}] has no function name")
+            raise Drop(BAD_TOOLS, f"tools[{i}] has no function name")
         normalized.append({"type": "function", "function": function})
     return tuple(normalized)

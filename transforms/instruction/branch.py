@@ -46,7 +46,7 @@ from transforms.core.vocabulary import (
     IGNORE_INDEX,
     INSTRUCTION,
     REASONS,
-    RecordError,
+    Drop,
 )
 from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
@@ -131,7 +131,7 @@ class ValidateRecords(ChunkStep):
         for record in chunk.records:
             try:
                 self.schemas[record.format].check(record.value)
-            except RecordError as error:
+            except Drop as error:
                 self.drop(Rejection.of(record, error.reason, error.message))
                 continue
             kept.append(record)
@@ -154,7 +154,7 @@ class AdaptConversations(ChunkStep):
             try:
                 conversation = to_conversation(record.value, record.format)
                 check_conversation(conversation, self.limits)
-            except RecordError as error:
+            except Drop as error:
                 self.drop(Rejection.of(record, error.reason, error.message))
                 continue
             kept.append(record)

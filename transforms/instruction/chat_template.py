@@ -120,6 +120,7 @@ from transforms.core.fast_encoder import (
     joinable,
     qwen2_encoding,
 )
+from transforms.core.fields import REASONING_CONTENT
 from transforms.core.records import strings_in
 from transforms.core.tokenizer import private_backend
 from transforms.core.vocabulary import (
@@ -133,7 +134,7 @@ from transforms.core.vocabulary import (
     TOO_LONG,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import Conversation
 
@@ -164,7 +165,6 @@ _CONTROL_MARKUP = re.compile(r"<\|[^|\s]{1,64}\|>"  # ChatML, Llama 3
                              r"|<\uff5c[^\uff5c\s]{1,64}\uff5c>"  # DeepSeek's full-width bars
                              r"|<(?:start|end)_of_turn>")  # Gemma
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-REASONING_FIELD = "reasoning_content"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -350,7 +350,7 @@ class _Encoder:
         compiled = {k: _compile(t) for k, t in sources.items()}
         self.templates = {k: (t, dict(t.globals)) for k, t in compiled.items()}
         self.has_markers = {k: bool(_GENERATION_TAG.search(t)) for k, t in sources.items()}
-        self.renders_reasoning = {k: REASONING_FIELD in t for k, t in sources.items()}
+        self.renders_reasoning = {k: REASONING_CONTENT in t for k, t in sources.items()}
         self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
         self.stage = ""  # what is being rendered, for error messages
         self.template_kwargs = dict(tok.special_tokens_map)
@@ -375,7 +375,7 @@ class _Encoder:
             try:
                 rendered.append(self._render(conversation))
                 results.append(None)
-            except RecordError as e:
+            except Drop as e:
                 results.append(RenderError(e.reason, e.message))
         plain = [k for k, r in enumerate(rendered) if r.marked is None]
         fast = self.tools.pieces
@@ -471,7 +471,7 @@ class _Encoder:
         if self._added_in_front(conversation):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         if not self.renders_reasoning[bool(conversation.tools)]:
-            messages = [inline_reasoning(m) if REASONING_FIELD in m else m for m in messages]
+            messages = [inline_reasoning(m) if REASONING_CONTENT in m else m for m in messages]
         return messages
 
     def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
@@ -497,7 +497,7 @@ class _Encoder:
                 environment.handle_exception()  # re-raises, with the template's lines
 
     def _render(self, conversation: Conversation) -> _Rendered:
-        """The full text and the character spans to train, or ``RecordError``."""
+        """The full text and the character spans to train, or ``Drop``."""
         messages = self._messages(conversation)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if self.options.last_turn_only:
@@ -505,7 +505,7 @@ class _Encoder:
         # A turn with nothing to say teaches the model to stop at once; it is not trained.
         turns = [i for i in turns if _trainable(messages[i])]
         if not turns:
-            raise RecordError(NO_TRAINED_TOKENS, "no assistant turn with content to train")
+            raise Drop(NO_TRAINED_TOKENS, "no assistant turn with content to train")
 
         tools = list(conversation.tools) if conversation.tools else None
         self.stage = "the conversation"
@@ -525,18 +525,18 @@ class _Encoder:
                 self.stage = "the conversation with control-token text marked"
                 marked = self._render_text(_mark(messages, self.control_re),
                                            _mark(tools, self.control_re))
-        except RecordError:
+        except Drop:
             raise
         except _RenderTimeout:
             message = (f"chat template exceeded the time limit on {self.stage}: one render took "
                        f"more than {self.watchdog.limit:g} s of CPU time")
-            raise RecordError(TEMPLATE_ERROR, message) from None
+            raise Drop(TEMPLATE_ERROR, message) from None
         except Exception as e:  # templates are arbitrary code: any failure rejects the record
             message = f"chat template failed on {self.stage}: {type(e).__name__}: {e}"
-            raise RecordError(TEMPLATE_ERROR, message) from e
+            raise Drop(TEMPLATE_ERROR, message) from e
         _check_tools_rendered(full, spans, tools, [messages[i] for i in turns])
         if marked is not None and self.markers_re.sub(_unmark, marked) != full:
-            raise RecordError(CONTROL_TOKEN_TEXT, "the template alters content that holds "
+            raise Drop(CONTROL_TOKEN_TEXT, "the template alters content that holds "
                                 "control-token text, so it cannot be kept as plain text")
         return _Rendered(full, spans, marked, method)
 
@@ -586,7 +586,7 @@ class _Encoder:
             return list(blocks)
         prompt = self._render_text(messages[: turns[-1]], tools, generation_prompt=True)
         if not full.startswith(prompt):
-            raise RecordError(TURN_NOT_LOCATED, "the generation prompt before the last "
+            raise Drop(TURN_NOT_LOCATED, "the generation prompt before the last "
                                 "assistant message is not a prefix of the full rendering")
         return [(a, b) for a, b in blocks if a >= len(prompt)]
 
@@ -600,11 +600,11 @@ class _Encoder:
         """
         offset = self._added_in_front(conversation)  # a system prompt
         for i in turns:
-            reasoning = conversation.messages[i - offset].get(REASONING_FIELD)
+            reasoning = conversation.messages[i - offset].get(REASONING_CONTENT)
             if not reasoning:
                 continue
             probed = list(conversation.messages)
-            probed[i - offset] = {**probed[i - offset], REASONING_FIELD: _PROBE}
+            probed[i - offset] = {**probed[i - offset], REASONING_CONTENT: _PROBE}
             text = self._render_text(self._messages(Conversation(tuple(probed),
                                                                   conversation.tools)), tools)
             region = _probed_region(full, text, i)
@@ -632,7 +632,7 @@ class _Encoder:
         else:
             try:
                 ids, offsets = self._encode_marked(rendered.marked)
-            except RecordError as e:
+            except Drop as e:
                 return RenderError(e.reason, e.message)
         input_ids = np.asarray(ids, dtype=np.int32)
         ranges = list(_token_ranges(offsets, rendered.spans))
@@ -712,7 +712,7 @@ class _Encoder:
             as_text = k % 2 == 1
             piece_ids, piece_offsets = self._encode_piece(piece, as_text, first=k == 0)
             if as_text and self.control_ids.intersection(piece_ids):
-                raise RecordError(CONTROL_TOKEN_TEXT, f"the tokenizer encodes {piece!r} as a "
+                raise Drop(CONTROL_TOKEN_TEXT, f"the tokenizer encodes {piece!r} as a "
                                     "control token even as plain text")
             ids += piece_ids
             offsets += [(position + a, position + b) for a, b in piece_offsets]
@@ -1077,7 +1077,7 @@ def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: 
     reply's content.
     """
     if start is None or not turn.startswith(prompt):
-        raise RecordError(TURN_NOT_LOCATED, f"the start of assistant message {i} cannot be "
+        raise Drop(TURN_NOT_LOCATED, f"the start of assistant message {i} cannot be "
                             "found in the full rendering: the template rewrites the conversation "
                             "before it")
     generated = turn[len(prompt):].rstrip()
@@ -1092,7 +1092,7 @@ def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: 
         k = generated.find(first, k + 1)
     at = _first_difference(full[start:], generated)
     alone, within = generated[at : at + 40], full[start + at : start + at + 40]
-    raise RecordError(TURN_NOT_LOCATED, f"assistant message {i} renders differently alone and "
+    raise Drop(TURN_NOT_LOCATED, f"assistant message {i} renders differently alone and "
                         "in the full conversation, beyond a dropped leading part (at character "
                         f"{start + at}: {alone!r} vs {within!r})")
 
@@ -1109,12 +1109,12 @@ def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[d
     missing = [t["function"]["name"] for t in tools or ()
                if t["function"]["name"] not in untrained]
     if missing:
-        raise RecordError(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
+        raise Drop(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
                             f"definitions ({', '.join(missing)}); use a template with tool support")
     trained_text = "\0".join(full[a:b] for a, b in spans)
     calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
     if any(name not in trained_text for name in calls):
-        raise RecordError(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
+        raise Drop(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
                             "tool calls in its reply; use a template with tool support")
 
 
@@ -1133,7 +1133,7 @@ def _probed_region(full: str, probed: str, i: int) -> tuple[int, int] | None:
     after = probed[at + len(_PROBE) :]
     if (_PROBE in after or len(probed) - len(_PROBE) > len(full)
             or not (full.startswith(probed[:at]) and full.endswith(after))):
-        raise RecordError(TURN_NOT_LOCATED, f"the reasoning of assistant message {i} cannot be "
+        raise Drop(TURN_NOT_LOCATED, f"the reasoning of assistant message {i} cannot be "
                             "located: the template renders the rest of the conversation "
                             "differently around it")
     return at, len(full) - len(after)
@@ -1153,7 +1153,7 @@ def inline_reasoning(message: dict) -> dict:
     """``message`` with its ``reasoning_content`` written before its content in the common
     ``<think>`` form, for templates that do not render the field themselves."""
     message = dict(message)
-    reasoning = message.pop(REASONING_FIELD)
+    reasoning = message.pop(REASONING_CONTENT)
     if reasoning:
         message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{message['content']}"
     return message

@@ -57,7 +57,7 @@ from transforms.core.vocabulary import (
     SCHEMA_WRONG_TYPE,
     TOO_MANY_CHARS,
     TOO_MANY_TURNS,
-    RecordError,
+    Drop,
 )
 from transforms.instruction.adapters import Conversation
 
@@ -108,7 +108,7 @@ class FeatureRule:
         if (self.min_count is not None and count < self.min_count) or (
             self.max_count is not None and count > self.max_count
         ):
-            raise RecordError(SCHEMA_VALUE_COUNT, f"{path} has {count} value(s); the schema allows "
+            raise Drop(SCHEMA_VALUE_COUNT, f"{path} has {count} value(s); the schema allows "
                           f"{_range_text(self.min_count, self.max_count)}")
         for i, item in enumerate(values):
             where = f"{path}[{i}]" if isinstance(value, list) else path
@@ -118,23 +118,23 @@ class FeatureRule:
         """The feature's values, or None when it is absent and may be."""
         if value is None:
             if self.required:
-                raise RecordError(SCHEMA_MISSING_FEATURE, f"required feature {path} is missing")
+                raise Drop(SCHEMA_MISSING_FEATURE, f"required feature {path} is missing")
             return None
         if self.shape == "scalar" and isinstance(value, list):
-            raise RecordError(SCHEMA_WRONG_TYPE, f"{path} must be one {self.type} value "
+            raise Drop(SCHEMA_WRONG_TYPE, f"{path} must be one {self.type} value "
                           f"({_TYPE_HELP[self.type]}), got a list")
         if self.shape == "list" and not isinstance(value, list):
-            raise RecordError(SCHEMA_WRONG_TYPE, f"{path} must be a list of {self.type} values, "
+            raise Drop(SCHEMA_WRONG_TYPE, f"{path} must be a list of {self.type} values, "
                           f"got {_json_type(value)}")
         return value if isinstance(value, list) else [value]
 
     def _check_value(self, item: Any, where: str) -> None:
         if not _has_type(item, self.type):
-            raise RecordError(SCHEMA_WRONG_TYPE, f"{where} must be {self.type} "
+            raise Drop(SCHEMA_WRONG_TYPE, f"{where} must be {self.type} "
                           f"({_TYPE_HELP[self.type]}), got {_json_type(item)}")
         if self.strings is not None and item not in self.strings:
             allowed = ", ".join(sorted(self.strings))
-            raise RecordError(SCHEMA_DOMAIN, f"{where} is {_short(item)}, not in domain "
+            raise Drop(SCHEMA_DOMAIN, f"{where} is {_short(item)}, not in domain "
                           f"{self.domain_name!r} ({allowed})")
         if self.type in ("INT", "FLOAT"):
             self._check_number(item, where)
@@ -143,17 +143,17 @@ class FeatureRule:
 
     def _check_number(self, item: float, where: str) -> None:
         if self.finite and not math.isfinite(item):
-            raise RecordError(SCHEMA_DOMAIN, f"{where} is {item}, not a finite number")
+            raise Drop(SCHEMA_DOMAIN, f"{where} is {item}, not a finite number")
         if (self.low is not None and item < self.low) or (
             self.high is not None and item > self.high
         ):
-            raise RecordError(SCHEMA_DOMAIN, f"{where} is {item}, outside domain "
+            raise Drop(SCHEMA_DOMAIN, f"{where} is {item}, outside domain "
                               f"{self.domain_name!r} [{_range_text(self.low, self.high)}]")
 
 
 @dataclasses.dataclass(frozen=True)
 class RecordSchema:
-    """A compiled ``Schema``: ``check`` raises ``RecordError`` at the first rule a record breaks.
+    """A compiled ``Schema``: ``check`` raises ``Drop`` at the first rule a record breaks.
 
     Features are checked in the order the schema lists them, so a record gets one precise reason.
     """
@@ -318,7 +318,7 @@ class ConversationLimits:
 
 
 def check_conversation(conversation: Conversation, limits: ConversationLimits) -> None:
-    """Raises ``RecordError`` when the conversation cannot be a sound SFT example.
+    """Raises ``Drop`` when the conversation cannot be a sound SFT example.
 
     Checked in this order: size limits, at least one assistant turn, role order, no empty
     assistant turn. The valid role order is: an optional system message first (and nowhere
@@ -328,21 +328,21 @@ def check_conversation(conversation: Conversation, limits: ConversationLimits) -
     """
     messages = conversation.messages
     if limits.max_turns and len(messages) > limits.max_turns:
-        raise RecordError(TOO_MANY_TURNS,
+        raise Drop(TOO_MANY_TURNS,
                       f"{len(messages)} messages > --max_turns {limits.max_turns}")
     if limits.max_chars:
         chars = sum(len(m["content"]) for m in messages)
         if chars > limits.max_chars:
-            raise RecordError(TOO_MANY_CHARS,
+            raise Drop(TOO_MANY_CHARS,
                           f"{chars} characters of content > --max_chars {limits.max_chars}")
     if not any(m["role"] == "assistant" for m in messages):
-        raise RecordError(NO_ASSISTANT_TURN, "the conversation has no assistant message")
+        raise Drop(NO_ASSISTANT_TURN, "the conversation has no assistant message")
     problem = next(_order_problems(messages), None)
     if problem is not None:
-        raise RecordError(BAD_ROLE_ORDER, f"messages[{problem[0]}]: {problem[1]}")
+        raise Drop(BAD_ROLE_ORDER, f"messages[{problem[0]}]: {problem[1]}")
     for i, m in enumerate(messages):
         if m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls"):
-            raise RecordError(EMPTY_ASSISTANT_TURN,
+            raise Drop(EMPTY_ASSISTANT_TURN,
                           f"messages[{i}] is an assistant message with no content or tool call")
 
 

@@ -20,7 +20,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline import progress
-from transforms.classify import apply_field_map
+from transforms.core.fields import apply_field_map
 from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
 from transforms.io.readers import (
     DEFAULT_TARGET_SHARD_BYTES,
