@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -29,7 +28,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals, progress
-from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config_from_options
+from beam_pipeline.options import PrepConfig, argument_parser, config_from_options
 from beam_pipeline.report import publish
 from transforms.classify import ClassifyRecords
 from transforms.core.records import ShardSpec
@@ -77,12 +76,9 @@ from transforms.knowledge.branch import (
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024
-OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
-OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}
 TAILS_DIR = "tails"  # under the staging directory
 SHARDS_PER_TAIL_BUCKET = 64  # a shard leaves at most a few leftovers per chunk
-CONSOLE_GROUP = "terminal output (local runs)"
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # Beam's DirectRunner first tries the Prism runner, downloading its binary from GitHub. Prism
 # ignores --direct_running_mode, and offline the attempt costs half a second before Beam falls
@@ -202,32 +198,6 @@ def _write_phases(manifests: list[str], output: str, phases: Sequence[Phase]) ->
     with FileSystems.create(path) as handle:
         handle.write(json.dumps({"phases": listing}, indent=2).encode("utf-8") + b"\n")
     return path
-
-
-def argument_parser() -> argparse.ArgumentParser:
-    """Our options first, then every Beam option, so --help documents them all."""
-    parser = beam_internals.argument_parser(
-        prog="python -m beam_pipeline", description=DESCRIPTION, allow_abbrev=False,
-        usage="%(prog)s --input PATTERN [--input PATTERN ...] --output DIR [options]",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    beam_internals.set_default_group_title(
-        parser, "Beam options (runner, Dataflow, worker environment, ...)")
-    for cls in OWN_OPTIONS:
-        cls._add_argparse_args(parser)
-    console = parser.add_argument_group(CONSOLE_GROUP)
-    console.add_argument("--quiet", action="store_true",
-                         help="Print no progress while a local run works (the summary still "
-                              "comes at the end).")
-    console.add_argument("--verbose", action="store_true",
-                         help="On failure, print the full traceback and Beam's own log lines "
-                              "as well as the one-line error.")
-    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
-        if cls not in OWN_OPTIONS:
-            cls._add_argparse_args(parser)
-    # List our groups first in --help, ahead of Beam's many options.
-    beam_internals.order_groups(
-        parser, lambda group: group.title not in (*OWN_GROUPS, CONSOLE_GROUP))
-    return parser
 
 
 @dataclasses.dataclass(frozen=True)

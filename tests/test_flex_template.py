@@ -24,8 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud.dataflow_v1beta3.types import TemplateMetadata
 
 from beam_pipeline import beam_internals
-from beam_pipeline.options import OPTION_GROUPS, config_from_options
-from beam_pipeline.pipeline import argument_parser
+from beam_pipeline.options import OPTION_GROUPS, argument_parser, config_from_options
 from tests.conftest import EXAMPLES, ROOT
 
 FLEX = ROOT / "templates" / "flex"

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from beam_pipeline import beam_internals
-from beam_pipeline.pipeline import argument_parser, main, prepare
+from beam_pipeline.options import argument_parser
+from beam_pipeline.pipeline import main, prepare
 from tests.conftest import EXAMPLES, ROOT
 from transforms.core.vocabulary import (
     INSTRUCTION,
