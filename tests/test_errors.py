@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline import pipeline
-from beam_pipeline.pipeline import main, prepare
+from beam_pipeline.pipeline import main
+from beam_pipeline.planning import prepare
 from tests.conftest import EXAMPLES
 from transforms.core import tokenizer
 from transforms.io import readers
