@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline import pipeline
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 from beam_pipeline.planning import prepare
 from tests.conftest import EXAMPLES
 from transforms.core import tokenizer
