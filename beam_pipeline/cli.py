@@ -10,8 +10,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from beam_pipeline.pipeline import execute
 from beam_pipeline.planning import prepare
+from beam_pipeline.running import execute
 from transforms.io.manifest import RejectRateError, RowCountError
 
 LOG = logging.getLogger("beam_pipeline")

@@ -276,7 +276,7 @@ def test_ranks_pack_the_same_number_of_examples(output, examples) -> None:
 def test_held_out_examples_are_written_unpacked_beside_their_packs(tmp_path) -> None:
     """With a validation split, validation/sft_examples holds the held-out examples, counted
     apart and checked against the rows written like every other output."""
-    from beam_pipeline.pipeline import run
+    from beam_pipeline.running import run
 
     out = tmp_path / "run"
     run([f"--input={ROOT / 'examples' / 'data' / 'sharegpt_sample.json'}",
