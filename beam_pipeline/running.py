@@ -18,8 +18,8 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals, progress
+from beam_pipeline.graph import PreparePhase, build_graph
 from beam_pipeline.options import PrepConfig
-from beam_pipeline.pipeline import PreparePhase, build_graph
 from beam_pipeline.planning import Phase, Plan, prepare
 from beam_pipeline.report import publish
 from transforms.io.manifest import MANIFEST_NAME, read_manifest, summary_lines

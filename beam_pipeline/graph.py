@@ -1,4 +1,5 @@
-"""Graph assembly and the local entry point."""
+"""The graph of one run or curriculum phase: read -> classify -> the two branches -> staged
+parts -> sharded files and manifest; a phased run is this graph once per phase."""
 
 from __future__ import annotations
 
