@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline import epoch_packing, loader
-from beam_pipeline.epoch_packing import EpochPacks
-from beam_pipeline.loader import PackedRows, collate_packed, rows_per_rank
+from beam_pipeline.training import epoch_packing, loader
+from beam_pipeline.training.epoch_packing import EpochPacks
+from beam_pipeline.training.loader import PackedRows, collate_packed, rows_per_rank
 from tests.conftest import ROOT, require_shared_data
 from tests.support.loader_run import SEQ_LEN, loader_output
 from transforms.core.packing import packing_efficiency
