@@ -1,4 +1,4 @@
-"""``python -m beam_pipeline``: runs ``pipeline.main``, then leaves without the interpreter's
+"""``python -m beam_pipeline``: runs ``cli.main``, then leaves without the interpreter's
 teardown.
 
 By then the run has finished, its outputs are written and its summary printed. Freeing the
@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 
 main()
 logging.shutdown()

@@ -1,5 +1,5 @@
-"""Command-line options: the pipeline's general ones, validated before any work starts, and
-``OPTION_GROUPS``, the one list of option groups.
+"""Command-line options: the pipeline's general ones, validated before any work starts,
+``OPTION_GROUPS``, the one list of option groups, and the argument parser built from it.
 
 Each part of the graph declares its options beside the configuration they fill
 (``transforms/knowledge/options.py``, ``transforms/instruction/options.py``,
@@ -15,6 +15,7 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipeline import beam_internals
 from transforms.core.option_types import boolean, fraction, non_negative_int, positive_int
 from transforms.core.records import InputSpec
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
@@ -153,3 +154,32 @@ OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
     (instruction_options.GROUP, InstructionOptions),
     (curation_options.GROUP, CurationOptions),
 )
+OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
+OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)
+CONSOLE_GROUP = "terminal output (local runs)"
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """Our options first, then every Beam option, so --help documents them all."""
+    parser = beam_internals.argument_parser(
+        prog="python -m beam_pipeline", description=DESCRIPTION, allow_abbrev=False,
+        usage="%(prog)s --input PATTERN [--input PATTERN ...] --output DIR [options]",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    beam_internals.set_default_group_title(
+        parser, "Beam options (runner, Dataflow, worker environment, ...)")
+    for cls in OWN_OPTIONS:
+        cls._add_argparse_args(parser)
+    console = parser.add_argument_group(CONSOLE_GROUP)
+    console.add_argument("--quiet", action="store_true",
+                         help="Print no progress while a local run works (the summary still "
+                              "comes at the end).")
+    console.add_argument("--verbose", action="store_true",
+                         help="On failure, print the full traceback and Beam's own log lines "
+                              "as well as the one-line error.")
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        if cls not in OWN_OPTIONS:
+            cls._add_argparse_args(parser)
+    # List our groups first in --help, ahead of Beam's many options.
+    beam_internals.order_groups(
+        parser, lambda group: group.title not in (*OWN_GROUPS, CONSOLE_GROUP))
+    return parser

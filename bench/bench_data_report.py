@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from beam_pipeline.pipeline import main as pipeline_main
+from beam_pipeline.cli import main as pipeline_main
 from bench.proc import run
 from tests.test_readme import demo_arguments
 

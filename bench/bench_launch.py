@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from beam_pipeline.pipeline import build_pipeline, prepare
+from beam_pipeline.planning import prepare
+from beam_pipeline.running import build_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "data" / "c4_sample.jsonl"

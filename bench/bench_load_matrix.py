@@ -69,7 +69,7 @@ def _rows(fmt: str, path: str) -> Iterator[np.ndarray]:
             for line in lines:
                 yield np.asarray(json.loads(line)["input_ids"], dtype=np.int32)
     elif fmt == "parquet":
-        from beam_pipeline.loader import PackedRows
+        from beam_pipeline.training.loader import PackedRows
 
         for row in PackedRows(path, columns=["input_ids"]):
             yield row["input_ids"]
@@ -79,7 +79,7 @@ def _rows(fmt: str, path: str) -> Iterator[np.ndarray]:
         for row in load_from_disk(path).with_format("numpy"):
             yield row["input_ids"]
     else:
-        from beam_pipeline.loader import hf_streaming_dataset
+        from beam_pipeline.training.loader import hf_streaming_dataset
 
         for row in hf_streaming_dataset(path).with_format("numpy"):
             yield row["input_ids"]
@@ -97,7 +97,7 @@ def measure(fmt: str, path: str) -> dict[str, float]:
     """Reads ``path`` in ``fmt`` in this process; call it in a fresh one (``--child``)."""
     import datasets  # noqa: F401  (every reader's imports count in none of them)
 
-    import beam_pipeline.loader  # noqa: F401
+    import beam_pipeline.training.loader  # noqa: F401
 
     base = {field: _status_mb(field) for field in ("VmRSS", "RssAnon", "RssFile")}
     with open("/proc/self/clear_refs", "w") as clear_refs:  # VmHWM := VmRSS (Linux >= 4.0)

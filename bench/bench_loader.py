@@ -1,4 +1,5 @@
-"""Rows and tokens per second read by ``beam_pipeline.loader``, and the resident memory it adds.
+"""Rows and tokens per second read by ``beam_pipeline.training.loader``, and the resident memory
+it adds.
 
     .venv/bin/python -m bench.bench_loader                    # a synthetic 512 MB pretrain file
     .venv/bin/python -m bench.bench_loader out/demo/sft out/demo/pretrain --synthetic-mb 0
@@ -88,7 +89,7 @@ def _reset_peak_rss() -> None:
 
 def _batches(reader: str, path: str, max_row_groups: int | None) -> Iterator[tuple[int, int]]:
     """(rows, tokens) of each item that ``reader`` yields; setup runs before the first item."""
-    from beam_pipeline import loader
+    from beam_pipeline.training import loader
 
     if reader == "datasets":
         dataset = loader.hf_streaming_dataset(path).with_format("numpy")
@@ -152,7 +153,7 @@ PACKING_SEQ_LEN = 2048
 
 def measure_epoch_packing(path: str, seq_len: int, epochs: int = 2) -> list[dict[str, float]]:
     """Packs ``epochs`` epochs of ``path`` (``OUT/sft_examples``) in this process, one worker."""
-    from beam_pipeline.epoch_packing import EpochPacks
+    from beam_pipeline.training.epoch_packing import EpochPacks
 
     class Timed(EpochPacks):
         packing_s = 0.0
@@ -211,7 +212,7 @@ def epoch_packing_report(workdir: Path) -> str:
 
 
 def data_mb(path: str) -> float:
-    from beam_pipeline.loader import list_parquet_files
+    from beam_pipeline.training.loader import list_parquet_files
 
     return sum(os.path.getsize(f) for f in list_parquet_files(path)) / 2**20
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from transforms.classify import classify
 from transforms.core.records import Rejection
 from transforms.core.tokenizer import load_tokenizer

@@ -23,7 +23,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoTokenizer
 
-from beam_pipeline.loader import PackedCollator, PackedParquetDataset
+from beam_pipeline.training.loader import PackedCollator, PackedParquetDataset
 from examples.tiny_model import fold_ids, tiny_qwen2
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from beam_pipeline.loader import hf_streaming_dataset
+from beam_pipeline.training.loader import hf_streaming_dataset
 from examples.tiny_model import fold_ids, tiny_qwen2
 
 

@@ -1,7 +1,7 @@
 """Writes templates/flex/metadata.json from the pipeline's own command-line options.
 
 The Flex Template's parameters must carry the same names, help and defaults as the command line,
-so they are generated from ``beam_pipeline.pipeline.argument_parser()`` rather than kept by hand:
+so they are generated from ``beam_pipeline.options.argument_parser()`` rather than kept by hand:
 every option of the pipeline's option groups becomes a parameter, and a parameter is required
 exactly when the pipeline refuses to start without it. Run it after adding or changing an option
 (tests/test_flex_template.py fails while the file is out of date):
@@ -27,8 +27,12 @@ from pathlib import Path
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline import beam_internals
-from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, config_from_options
-from beam_pipeline.pipeline import argument_parser
+from beam_pipeline.options import (
+    DESCRIPTION,
+    OPTION_GROUPS,
+    argument_parser,
+    config_from_options,
+)
 from transforms.core.tokenizer import BUILTIN_TEMPLATES
 
 METADATA_PATH = Path(__file__).resolve().parents[1] / "templates" / "flex" / "metadata.json"

@@ -14,8 +14,7 @@ import argparse
 from pathlib import Path
 
 from beam_pipeline import beam_internals
-from beam_pipeline.options import OPTION_GROUPS
-from beam_pipeline.pipeline import CONSOLE_GROUP, argument_parser
+from beam_pipeline.options import CONSOLE_GROUP, OPTION_GROUPS, argument_parser
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 

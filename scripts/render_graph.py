@@ -14,7 +14,7 @@ import tempfile
 
 import apache_beam.runners.render  # noqa: F401  (makes --render_output an option)
 
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 
 INPUTS = ("examples/data/c4_sample.jsonl", "examples/data/sharegpt_sample.json")
 # The boxes: top-level transforms, and each step of a branch, Stage and the first pass.

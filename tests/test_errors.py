@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline import pipeline
-from beam_pipeline.pipeline import main, prepare
+from beam_pipeline import running
+from beam_pipeline.cli import main
+from beam_pipeline.planning import prepare
 from tests.conftest import EXAMPLES
 from transforms.core import tokenizer
 from transforms.io import readers
@@ -199,7 +200,7 @@ def test_an_unexpected_failure_is_one_line_unless_verbose(tmp_path, capsys, monk
     def broken(plan):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(pipeline, "build_pipeline", broken)
+    monkeypatch.setattr(running, "build_pipeline", broken)
     argv = [f"--input={C4}", f"--output={tmp_path}/o", "--quiet"]
     code, err = fail(argv, capsys)
     assert (code, err) == (1, "error: RuntimeError: disk on fire\n"

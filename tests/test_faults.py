@@ -10,7 +10,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
 from transforms.core import steps
 from transforms.io import writers

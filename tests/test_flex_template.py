@@ -24,8 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud.dataflow_v1beta3.types import TemplateMetadata
 
 from beam_pipeline import beam_internals
-from beam_pipeline.options import OPTION_GROUPS, config_from_options
-from beam_pipeline.pipeline import argument_parser
+from beam_pipeline.options import OPTION_GROUPS, argument_parser, config_from_options
 from tests.conftest import EXAMPLES, ROOT
 
 FLEX = ROOT / "templates" / "flex"
@@ -316,7 +315,7 @@ def test_sdist_carries_the_package_and_builds_from_itself(tmp_path):
     assert set(base.split()) == set(pinned)
     assert report_extra.split() == ["matplotlib==3.10.9"]  # optional: workers never install it
     check = subprocess.run(
-        [sys.executable, "-c", "import beam_pipeline.pipeline as p; print(p.__file__)"],
+        [sys.executable, "-c", "import beam_pipeline.cli as p; print(p.__file__)"],
         check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr

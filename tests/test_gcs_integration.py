@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, ROOT
 from tests.support.gcs import (
     child_env,

@@ -13,7 +13,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
-from beam_pipeline.pipeline import execute, prepare
+from beam_pipeline.planning import prepare
+from beam_pipeline.running import execute
 from tests.conftest import EXAMPLES
 
 # (label without the phase prefix, what it is): why it is bounded.

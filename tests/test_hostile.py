@@ -135,7 +135,7 @@ def test_a_template_that_never_ends_rejects_its_records_and_the_run_goes_on(tmp_
                                                                               monkeypatch):
     """A chat template that loops for hours on one conversation: that record lands in
     rejected/ with the time limit as its reason, the others are trained on, the run ends."""
-    from beam_pipeline.pipeline import run
+    from beam_pipeline.running import run
     from transforms.instruction import chat_template
 
     limit = 0.5

@@ -29,8 +29,8 @@ import pytest
 import torch
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import loader
-from beam_pipeline.loader import (
+from beam_pipeline.training import loader
+from beam_pipeline.training.loader import (
     PackedCollator,
     PackedRows,
     collate_packed,
@@ -100,11 +100,20 @@ def test_doctests() -> None:
 
 
 def test_importing_the_loader_and_epoch_packing_needs_no_torch() -> None:
-    code = ("import sys, beam_pipeline.loader, beam_pipeline.epoch_packing; "
+    code = ("import sys, beam_pipeline.training.loader, beam_pipeline.training.epoch_packing; "
             "print(sorted({'torch', 'datasets', 'pandas'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_importing_the_loader_and_epoch_packing_needs_no_beam() -> None:
+    """A training job installs requirements-train.txt, not Beam."""
+    code = ("import sys, beam_pipeline.training.loader, beam_pipeline.training.epoch_packing; "
+            "assert 'apache_beam' not in sys.modules, sorted(sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("kind", KINDS)

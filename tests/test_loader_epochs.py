@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline import epoch_packing, loader
-from beam_pipeline.epoch_packing import EpochPacks
-from beam_pipeline.loader import PackedRows, collate_packed, rows_per_rank
+from beam_pipeline.training import epoch_packing, loader
+from beam_pipeline.training.epoch_packing import EpochPacks
+from beam_pipeline.training.loader import PackedRows, collate_packed, rows_per_rank
 from tests.conftest import ROOT, require_shared_data
 from tests.support.loader_run import SEQ_LEN, loader_output
 from transforms.core.packing import packing_efficiency
@@ -276,7 +276,7 @@ def test_ranks_pack_the_same_number_of_examples(output, examples) -> None:
 def test_held_out_examples_are_written_unpacked_beside_their_packs(tmp_path) -> None:
     """With a validation split, validation/sft_examples holds the held-out examples, counted
     apart and checked against the rows written like every other output."""
-    from beam_pipeline.pipeline import run
+    from beam_pipeline.running import run
 
     out = tmp_path / "run"
     run([f"--input={ROOT / 'examples' / 'data' / 'sharegpt_sample.json'}",

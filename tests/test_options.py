@@ -7,7 +7,9 @@ import sys
 import pytest
 
 from beam_pipeline import beam_internals
-from beam_pipeline.pipeline import argument_parser, main, prepare
+from beam_pipeline.cli import main
+from beam_pipeline.options import argument_parser
+from beam_pipeline.planning import prepare
 from tests.conftest import EXAMPLES, ROOT
 from transforms.core.vocabulary import (
     INSTRUCTION,

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline import progress
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, SHARED_DATA, require_shared_data
 from transforms.core.records import InputSpec
 from transforms.io.readers import parse_input_spec, plan_inputs, plan_shards, read_shard

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 from tests.conftest import ROOT, TEST_DATA
 from transforms.core.vocabulary import FILTERED, REASONS, REJECTED
 

@@ -8,7 +8,7 @@ as soon as the job is submitted. Bad options or inputs exit with status 2 before
 and the launcher shows the message.
 """
 
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.io.manifest import summary_lines
 from transforms.io.readers import parse_input_spec, plan_shards, read_shard

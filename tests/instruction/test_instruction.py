@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import main, run
+from beam_pipeline.cli import main
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, ROOT, SHARED_DATA, require_shared_data
 from tests.instruction.test_chat_template import rendered_turn
 from transforms.instruction.adapters import to_conversation

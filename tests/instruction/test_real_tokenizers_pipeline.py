@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, require_shared_data
 from tests.support.marked_templates import REAL_FAMILIES, TOKENIZERS, marked, stock_template
 from transforms.core.fields import apply_field_map

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import main
+from beam_pipeline.cli import main
 from tests.conftest import EXAMPLES, SHARED_DATA, require_shared_data
 from tests.support.shared_chats import adapted
 from transforms.core.tokenizer import BUILTIN_TEMPLATES, load_tokenizer

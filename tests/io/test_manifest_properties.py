@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 
 WORDS = [
     "river", "delta", "survey", "water", "measured", "twice", "every", "morning", "compared",

@@ -19,7 +19,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, TEST_DATA, require_shared_data
 from tests.knowledge.test_dedup import edited, restyled
 from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import ROOT, SHARED_DATA, require_shared_data
 from tests.knowledge.test_dedup import edited, restyled
 from transforms.core.records import Record, RecordChunk

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.tokenizer import DEFAULT_TOKENIZER

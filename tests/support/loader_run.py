@@ -27,7 +27,7 @@ SEQ_LEN = 512
 @functools.cache
 def loader_output() -> Path:
     """The run's output directory (removed when the test process exits)."""
-    from beam_pipeline.pipeline import run
+    from beam_pipeline.running import run
 
     out = Path(tempfile.mkdtemp(prefix="loader_run_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)

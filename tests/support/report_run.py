@@ -12,7 +12,7 @@ import io
 import json
 from pathlib import Path
 
-from beam_pipeline.pipeline import run
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
 
 E = EXAMPLES

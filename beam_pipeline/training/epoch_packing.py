@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from beam_pipeline.loader import PackedRows, table_rows, torch_dataset_class
+from beam_pipeline.training.loader import PackedRows, table_rows, torch_dataset_class
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing
 
 EXAMPLE_COLUMNS = ("input_ids", "labels")
