@@ -32,6 +32,7 @@ from beam_pipeline import beam_internals, progress
 from beam_pipeline.options import DESCRIPTION, OPTION_GROUPS, PrepConfig, config_from_options
 from beam_pipeline.report import publish
 from transforms.classify import ClassifyRecords
+from transforms.core import progress as worker_progress
 from transforms.core.records import ShardSpec
 from transforms.core.steps import PARTS, STATS, Part, TailPlan, tail_group_ids
 from transforms.core.tokenizer import check_tokenizer, load_tokenizer, tokenizer_identity
@@ -167,7 +168,7 @@ def _count_tokens(part: Part) -> Part:
     """Counts the tokens of training rows for the progress line, and passes the part on."""
     if part.kind in PARQUET_KINDS and part.table.num_rows:
         tokens = pc.sum(pc.list_value_length(part.table["input_ids"])).as_py() or 0
-        progress.count(tokens_written=tokens)
+        worker_progress.count(tokens_written=tokens)
     return part
 
 

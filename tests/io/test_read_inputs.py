@@ -9,8 +9,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import progress
 from tests.conftest import EXAMPLES
+from transforms.core import progress
 from transforms.core.records import ShardSpec
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.readers import parse_input_spec, plan_inputs, plan_shards

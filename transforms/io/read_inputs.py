@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import progress
+from transforms.core import progress
 from transforms.core.fields import apply_field_map
 from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
 from transforms.io.readers import (
