@@ -43,14 +43,8 @@ from transforms.core.vocabulary import (
     UNREADABLE_FILE,
 )
 from transforms.io import readers
-from transforms.io.readers import (
-    MAX_JSON_DEPTH,
-    file_format,
-    parse_input_spec,
-    plan_shards,
-    read_shard,
-    split_input_values,
-)
+from transforms.io.input_specs import parse_input_spec, split_input_values
+from transforms.io.readers import MAX_JSON_DEPTH, file_format, plan_shards, read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"
