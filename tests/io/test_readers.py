@@ -43,8 +43,9 @@ from transforms.core.vocabulary import (
     UNREADABLE_FILE,
 )
 from transforms.io import readers
+from transforms.io.compression import file_format
 from transforms.io.input_specs import parse_input_spec, split_input_values
-from transforms.io.readers import MAX_JSON_DEPTH, file_format, plan_shards, read_shard
+from transforms.io.readers import MAX_JSON_DEPTH, plan_shards, read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"
@@ -655,7 +656,7 @@ def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monke
     big = write(tmp_path / "big.jsonl.zst", b"x" * 100)
     small = write(tmp_path / "small.jsonl.gz", b"x" * 10)
     monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 50)
-    monkeypatch.setattr(readers, "_open", None)  # any read would fail
+    monkeypatch.setattr(readers, "open_input", None)  # any read would fail
     monkeypatch.setattr(readers.FileSystems, "open", None)
     plan = readers.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
     assert plan.shards == [ShardSpec(0, big, "jsonl"), ShardSpec(0, parquet, "parquet"),

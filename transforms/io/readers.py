@@ -9,32 +9,23 @@ streams one shard into bounded chunks whose ids come from the input alone (seqio
 ``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of ``read_shard``: it comes
 out as a ``Record`` with an ``error``, so the manifest can account for it.
 
-All file access goes through Beam's ``FileSystems``, so ``gs://`` paths work like local ones.
-Decompression is done here rather than by Beam's ``CompressedFile`` because that class (like
-zstandard's ``stream_reader``) ends quietly at the end of a truncated stream, which would drop the
-rest of the file without a trace; the readers below report it as ``unreadable_file``.
+Files are opened through ``compression.open_input``, which reports a truncated or corrupt stream
+instead of ending quietly; the readers below report it as ``unreadable_file``.
 """
 
 from __future__ import annotations
 
-import bz2
-import contextlib
 import csv
 import dataclasses
-import gzip
 import io
 import itertools
 import json
-import lzma
 import os
 import posixpath
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
-import pyarrow as pa
 import pyarrow.parquet as pq
-import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -46,7 +37,6 @@ from transforms.core.records import (
     ShardSpec,
 )
 from transforms.core.vocabulary import (
-    FILE_FORMATS,
     INVALID_UTF8,
     MALFORMED_CSV,
     MALFORMED_JSON,
@@ -54,6 +44,15 @@ from transforms.core.vocabulary import (
     RECORD_TOO_LARGE,
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
+)
+from transforms.io.compression import (
+    BLOCK,
+    FORMAT_BY_EXTENSION,
+    READ_ERRORS,
+    compression_suffix,
+    file_format,
+    open_input,
+    uncompressed_name,
 )
 
 MiB = 1 << 20
@@ -66,114 +65,9 @@ DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 LARGE_COMPRESSED_BYTES = 2 << 30
 INPUTS_DOC = "docs/inputs-at-scale.md"
 
-_FORMAT_BY_EXTENSION = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".txt": "text",
-    ".text": "text",
-    ".md": "text",
-    ".csv": "csv",
-    ".tsv": "csv",
-}
 _BOM = b"\xef\xbb\xbf"
-_BLOCK = 1 << 20  # bytes read from a stream at a time
 _LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
 _TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
-
-
-# --------------------------------------------------------------------------- compression
-
-
-class _ZstdReader(io.RawIOBase):
-    """Decompress concatenated zstd frames, raising EOFError when the input stops inside one."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        # Windows up to 2 GiB, as Beam allows, so that archives made with `zstd --long` open.
-        self._dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
-        self._frame: zstandard.ZstdDecompressionObj | None = None
-        self._tail = b""  # input that follows a finished frame
-        self._pending = memoryview(b"")  # decompressed output not yet handed out
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:
-        while not self._pending:
-            data, self._tail = self._tail or self._raw.read(_BLOCK // 4), b""
-            if not data:
-                if self._frame is not None and not self._frame.eof:
-                    raise EOFError("zstd stream ended inside a frame (truncated file)")
-                return 0
-            if self._frame is None or self._frame.eof:
-                self._frame = self._dctx.decompressobj()
-            self._pending = memoryview(self._frame.decompress(data))
-            if self._frame.eof:
-                self._tail = self._frame.unused_data
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-def _zstd_stream(raw: BinaryIO) -> BinaryIO:
-    return io.BufferedReader(_ZstdReader(raw), buffer_size=_BLOCK)
-
-
-# Each opener wraps a raw FileSystems stream and raises on truncated or corrupt input.
-_DECOMPRESSORS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
-    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
-    ".zst": _zstd_stream,
-    ".zstd": _zstd_stream,
-    ".bz2": bz2.BZ2File,
-    ".xz": lzma.LZMAFile,
-}
-
-# What a broken or vanished file raises while it is read; anything else is a bug and propagates.
-_READ_ERRORS = (
-    OSError,
-    EOFError,
-    zlib.error,
-    lzma.LZMAError,
-    zstandard.ZstdError,
-    pa.ArrowException,
-)
-
-
-def _compression_suffix(path: str) -> str | None:
-    lower = path.lower()
-    return next((suffix for suffix in _DECOMPRESSORS if lower.endswith(suffix)), None)
-
-
-def _uncompressed_name(path: str) -> str:
-    """The lower-cased path without its compression suffix, for telling formats apart."""
-    lower = path.lower()
-    suffix = _compression_suffix(lower)
-    return lower[: -len(suffix)] if suffix else lower
-
-
-@contextlib.contextmanager
-def _open(path: str) -> Iterator[BinaryIO]:
-    """Open ``path`` for reading, decompressing by its suffix."""
-    with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(
-            FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-        )
-        suffix = _compression_suffix(path)
-        yield raw if suffix is None else stack.enter_context(_DECOMPRESSORS[suffix](raw))
-
-
-def file_format(path: str) -> str:
-    """The format implied by the file extension, looking through a compression suffix."""
-    fmt = _FORMAT_BY_EXTENSION.get(posixpath.splitext(_uncompressed_name(path))[1])
-    if fmt is None:
-        raise ValueError(
-            f"cannot tell the format of {path!r} from its extension; declare it on the input, "
-            f"e.g. PATTERN#format=jsonl (one of {', '.join(FILE_FORMATS)})"
-        )
-    return fmt
 
 
 # --------------------------------------------------------------------------- planning
@@ -229,7 +123,7 @@ def plan_inputs(
             for shard, nbytes in _plan_file(spec, path, size, target_shard_bytes):
                 shards.append(shard)
                 sizes.append(nbytes)
-            if _compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
+            if compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
                 large.append((path, size))
     return InputPlan(shards, sizes, first_files, large)
 
@@ -249,7 +143,7 @@ def _matched_files(spec: InputSpec) -> list[tuple[str, int]]:
     if not files:
         raise ValueError(
             f"--input {spec.pattern!r} is a directory with no file of a known format "
-            f"({', '.join(sorted(_FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
+            f"({', '.join(sorted(FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
             f"with the format, e.g. --input '{directory.rstrip('/')}/*.data#format=jsonl'")
     return files
 
@@ -262,7 +156,7 @@ def _directory(pattern: str) -> str | None:
 
 
 def _known_format(path: str) -> bool:
-    return posixpath.splitext(_uncompressed_name(path))[1] in _FORMAT_BY_EXTENSION
+    return posixpath.splitext(uncompressed_name(path))[1] in FORMAT_BY_EXTENSION
 
 
 def large_compressed_advice(large: list[tuple[str, int]]) -> str:
@@ -280,7 +174,7 @@ def _plan_file(spec: InputSpec, path: str, size: int,
     fmt = spec.format or file_format(path)
     unit = spec.text_unit if fmt == "text" else "file"
     index = spec.index
-    compressed = _compression_suffix(path) is not None
+    compressed = compression_suffix(path) is not None
     if fmt == "parquet" and compressed:
         raise ValueError(
             f"{path!r}: Parquet cannot be read through an outer compression; "
@@ -310,7 +204,7 @@ def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             meta = pq.ParquetFile(f).metadata
-    except _READ_ERRORS:
+    except READ_ERRORS:
         # Not readable now: one shard, and read_shard reports it as unreadable_file.
         return [ShardSpec(index, path, "parquet")]
     shards: list[ShardSpec] = []
@@ -375,7 +269,7 @@ def _read_records(shard: ShardSpec, limit: int) -> Iterator[tuple[Record, int]]:
     cursor = _Cursor(shard.start if line_based else 0)
     try:
         yield from _READERS[shard.format](shard, cursor, limit)
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         message = f"{type(error).__name__}: {error}"
         yield _failed(shard, cursor.position, UNREADABLE_FILE, message, ""), 0
 
@@ -421,7 +315,7 @@ def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterat
     size = 0
     blank = True
     start = cursor.position = offset
-    while block := stream.read1(_BLOCK):  # read1: a later failure keeps what came before
+    while block := stream.read1(BLOCK):  # read1: a later failure keeps what came before
         if start == 0 and size == 0:  # the first block: look for a BOM, however it was cut
             block += stream.read(max(0, len(_BOM) - len(block)))
             if block.startswith(_BOM):
@@ -511,7 +405,7 @@ def _text_value(shard: ShardSpec, line: _Line, limit: int) -> Record | str:
 
 
 def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, _ = _first_lines(shard, stream, cursor, limit)
         for line in lines:
             if shard.end is not None and line.offset >= shard.end:
@@ -568,7 +462,7 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
 
 
 def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, _ = _first_lines(shard, stream, cursor, limit)
         for line in lines:
             if shard.end is not None and line.offset >= shard.end:
@@ -617,7 +511,7 @@ def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
     range that starts mid-file that means looking at the whole line before the first full line,
     which may begin before ``start``; otherwise two readers could disagree about a boundary.
     """
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, after_blank = _first_lines(shard, stream, cursor, limit)
         paragraph: _Paragraph | None = None
         for line in lines:
@@ -639,7 +533,7 @@ def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
 
 
 def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         data = stream.read(limit + 1)
     if len(data) > limit:
         message = f"file exceeds {limit_option(limit)}"
@@ -675,7 +569,7 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
     that does not parse is one ``malformed_json`` record: a partial prefix would be misleading.
     An empty or all-whitespace file holds no records.
     """
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         data = stream.read()
     try:
         text = data.decode("utf-8-sig")
@@ -728,7 +622,7 @@ class _CsvLines:
         if self._size > self._limit:
             self._row = [("".join(self._row) + line)[:RAW_CAP_BYTES]]
             while line and not line.endswith(("\n", "\r")):
-                line = self._text.readline(_BLOCK)
+                line = self._text.readline(BLOCK)
                 self._size += len(line)
             raise _RowTooLarge(f"row of {self._size}+ characters exceeds "
                                f"{limit_option(self._limit)}")
@@ -754,8 +648,8 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
     """
     # The csv module caps fields at 128 KiB process-wide; documents in CSV can be longer.
     csv.field_size_limit(max(csv.field_size_limit(), limit))
-    tsv = _uncompressed_name(shard.path).endswith(".tsv")
-    with _open(shard.path) as stream:
+    tsv = uncompressed_name(shard.path).endswith(".tsv")
+    with open_input(shard.path) as stream:
         text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
         lines = _CsvLines(text, limit)
         reader = csv.reader(lines, csv.excel_tab if tsv else csv.excel)
