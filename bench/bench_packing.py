@@ -32,7 +32,8 @@ from transforms.instruction.chat_template import EncodedExample, encode_conversa
 from transforms.instruction.options import InstructionConfig
 from transforms.instruction.schema import check_conversation
 from transforms.io.input_specs import parse_input_spec
-from transforms.io.readers import plan_shards, read_shard
+from transforms.io.planning import plan_shards
+from transforms.io.readers import read_shard
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 MIX = (

@@ -13,8 +13,8 @@ from tests.conftest import EXAMPLES
 from transforms.core import progress
 from transforms.core.records import ShardSpec
 from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_inputs, plan_shards
 from transforms.io.read_inputs import ReadInputs
-from transforms.io.readers import plan_inputs, plan_shards
 
 SAMPLE = EXAMPLES / "c4_sample.jsonl"
 CHUNK = 7

@@ -42,10 +42,11 @@ from transforms.core.vocabulary import (
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
 )
-from transforms.io import readers
+from transforms.io import planning, readers
 from transforms.io.compression import file_format
 from transforms.io.input_specs import parse_input_spec, split_input_values
-from transforms.io.readers import MAX_JSON_DEPTH, plan_shards, read_shard
+from transforms.io.planning import plan_shards
+from transforms.io.readers import MAX_JSON_DEPTH, read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"
@@ -655,15 +656,15 @@ def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monke
     parquet, _ = parquet_file(tmp_path)
     big = write(tmp_path / "big.jsonl.zst", b"x" * 100)
     small = write(tmp_path / "small.jsonl.gz", b"x" * 10)
-    monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 50)
+    monkeypatch.setattr(planning, "LARGE_COMPRESSED_BYTES", 50)
     monkeypatch.setattr(readers, "open_input", None)  # any read would fail
-    monkeypatch.setattr(readers.FileSystems, "open", None)
-    plan = readers.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
+    monkeypatch.setattr(planning.FileSystems, "open", None)
+    plan = planning.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
     assert plan.shards == [ShardSpec(0, big, "jsonl"), ShardSpec(0, parquet, "parquet"),
                            ShardSpec(0, small, "jsonl")]
     assert plan.shard_bytes == [100, os.path.getsize(parquet), 10]
     assert plan.large_compressed == [(big, 100)]
-    advice = readers.large_compressed_advice(plan.large_compressed)
+    advice = planning.large_compressed_advice(plan.large_compressed)
     assert advice.startswith(f"1 compressed input file(s) over 0 GiB (largest {big}, 0.0 GiB)")
     assert advice.endswith("see docs/inputs-at-scale.md")
 

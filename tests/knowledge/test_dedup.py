@@ -20,7 +20,7 @@ from transforms.core.vocabulary import (
     DUPLICATE_NEAR,
 )
 from transforms.io.input_specs import parse_input_spec
-from transforms.io.readers import plan_shards
+from transforms.io.planning import plan_shards
 from transforms.knowledge import dedup
 from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import (

@@ -1,13 +1,9 @@
-"""Turn ``--input`` values into deterministic shards and stream each shard as ``RecordChunk``s.
+"""Stream one planned shard as ``RecordChunk``s: the line-delimited, JSON, CSV, Parquet and text
+readers behind ``read_shard``.
 
-Reading happens in two steps so that every runner sees the same records in the same order.
-``plan_inputs`` runs once, when the graph is built, from glob expansion alone: it cuts files into
-a fixed list of ``ShardSpec``s (byte ranges or whole files), and ``split_shard`` cuts a Parquet
-file into row-group ranges inside the job (``plan_shards`` does both at once, for callers that
-read outside a pipeline). ``read_shard`` then
-streams one shard into bounded chunks whose ids come from the input alone (seqio's
-``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of ``read_shard``: it comes
-out as a ``Record`` with an ``error``, so the manifest can account for it.
+``read_shard`` streams one shard (see ``planning``) into bounded chunks whose ids come from the
+input alone (seqio's ``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of
+``read_shard``: it comes out as a ``Record`` with an ``error``, so the manifest can account for it.
 
 Files are opened through ``compression.open_input``, which reports a truncated or corrupt stream
 instead of ending quietly; the readers below report it as ``unreadable_file``.
@@ -20,9 +16,7 @@ import dataclasses
 import io
 import itertools
 import json
-import os
-import posixpath
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import pyarrow.parquet as pq
@@ -31,7 +25,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import (
     RAW_CAP_BYTES,
-    InputSpec,
     Record,
     RecordChunk,
     ShardSpec,
@@ -47,176 +40,19 @@ from transforms.core.vocabulary import (
 )
 from transforms.io.compression import (
     BLOCK,
-    FORMAT_BY_EXTENSION,
     READ_ERRORS,
-    compression_suffix,
-    file_format,
     open_input,
     uncompressed_name,
 )
 
 MiB = 1 << 20
-DEFAULT_TARGET_SHARD_BYTES = 64 * MiB
 DEFAULT_CHUNK_RECORDS = 1000
 DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
-# One compressed file above this size keeps one worker busy for long (tens of minutes): the
-# planner advises splitting it, pointing at INPUTS_DOC.
-LARGE_COMPRESSED_BYTES = 2 << 30
-INPUTS_DOC = "docs/inputs-at-scale.md"
 
 _BOM = b"\xef\xbb\xbf"
 _LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
 _TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
-
-
-# --------------------------------------------------------------------------- planning
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPlan:
-    """What the launcher learns from glob expansion alone: the shards, the bytes each stands
-    for (for progress), the first file of each input (for the field-mapping check) and the
-    compressed files too large to read fast (one worker reads each)."""
-
-    shards: list[ShardSpec]
-    shard_bytes: list[int]
-    first_files: dict[int, str]
-    large_compressed: list[tuple[str, int]]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.shard_bytes)
-
-
-def plan_shards(
-    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
-) -> list[ShardSpec]:
-    """Expand the input patterns into a deterministic list of shards, Parquet row groups too.
-
-    Files are taken in sorted path order; the same specs over the same files always give the
-    same list. Uncompressed JSONL and line/paragraph text are cut into byte ranges and Parquet
-    into row-group ranges of about ``target_shard_bytes`` each; anything else is one shard per
-    file. The launcher uses ``plan_inputs``, which leaves Parquet footers to the job.
-    """
-    plan = plan_inputs(specs, target_shard_bytes)
-    return [part for shard in plan.shards for part in split_shard(shard, target_shard_bytes)]
-
-
-def plan_inputs(
-    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
-) -> InputPlan:
-    """Shards from glob expansion alone: nothing read from the files, so planning costs the
-    same for 10 files or 100,000. A pattern matching nothing, an unknown extension or a
-    compressed Parquet file stops the job here. Parquet files stay whole; ``split_shard``
-    cuts them into row-group ranges inside the job."""
-    if target_shard_bytes < 1:
-        raise ValueError(f"target_shard_bytes must be positive, got {target_shard_bytes}")
-    shards: list[ShardSpec] = []
-    sizes: list[int] = []
-    first_files: dict[int, str] = {}
-    large: list[tuple[str, int]] = []
-    for spec in specs:
-        files = _matched_files(spec)
-        first_files[spec.index] = files[0][0]
-        for path, size in files:
-            for shard, nbytes in _plan_file(spec, path, size, target_shard_bytes):
-                shards.append(shard)
-                sizes.append(nbytes)
-            if compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
-                large.append((path, size))
-    return InputPlan(shards, sizes, first_files, large)
-
-
-def _matched_files(spec: InputSpec) -> list[tuple[str, int]]:
-    """The files of ``spec``, sorted by path. A directory stands for the files in it (at any
-    depth) whose format the extension tells, or all of them when the format is declared."""
-    directory = _directory(spec.pattern)
-    if directory is None:
-        metadata = FileSystems.match([spec.pattern])[0].metadata_list
-        if not metadata:
-            raise ValueError(f"--input pattern {spec.pattern!r} matches no files")
-        return sorted((m.path, m.size_in_bytes) for m in metadata)
-    found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
-    files = sorted((m.path, m.size_in_bytes) for m in found
-                   if spec.format or _known_format(m.path))
-    if not files:
-        raise ValueError(
-            f"--input {spec.pattern!r} is a directory with no file of a known format "
-            f"({', '.join(sorted(FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
-            f"with the format, e.g. --input '{directory.rstrip('/')}/*.data#format=jsonl'")
-    return files
-
-
-def _directory(pattern: str) -> str | None:
-    """``pattern`` when it names a directory: a local one, or any path ending in ``/``."""
-    if pattern.endswith("/") or ("://" not in pattern and os.path.isdir(pattern)):
-        return pattern
-    return None
-
-
-def _known_format(path: str) -> bool:
-    return posixpath.splitext(uncompressed_name(path))[1] in FORMAT_BY_EXTENSION
-
-
-def large_compressed_advice(large: list[tuple[str, int]]) -> str:
-    """The planning-time warning for compressed files that one worker each must read."""
-    path, size = max(large, key=lambda item: item[1])
-    return (f"{len(large)} compressed input file(s) over {LARGE_COMPRESSED_BYTES >> 30} GiB "
-            f"(largest {path}, {size / (1 << 30):.1f} GiB): a compressed file cannot be split, so "
-            f"one worker reads each from start to end. Recompress into pieces of about 1 GB "
-            f"(e.g. part-00000.jsonl.zst, ...) or store it uncompressed, which is split into "
-            f"byte ranges; see {INPUTS_DOC}")
-
-
-def _plan_file(spec: InputSpec, path: str, size: int,
-               target: int) -> list[tuple[ShardSpec, int]]:
-    fmt = spec.format or file_format(path)
-    unit = spec.text_unit if fmt == "text" else "file"
-    index = spec.index
-    compressed = compression_suffix(path) is not None
-    if fmt == "parquet" and compressed:
-        raise ValueError(
-            f"{path!r}: Parquet cannot be read through an outer compression; "
-            "Parquet compresses its own pages"
-        )
-    byte_ranges = not compressed and (fmt == "jsonl" or (fmt == "text" and unit != "file"))
-    count = max(1, -(-size // target)) if byte_ranges else 1
-    bounds = [size * i // count for i in range(count + 1)]
-    return [
-        (ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i],
-                   end=bounds[i + 1] if i + 1 < count else None), bounds[i + 1] - bounds[i])
-        for i in range(count)
-    ]
-
-
-def split_shard(shard: ShardSpec,
-                target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES) -> list[ShardSpec]:
-    """A whole Parquet file as row-group ranges (its footer is read here, inside the job);
-    any other shard as it is."""
-    if shard.format != "parquet" or shard.start != 0 or shard.end is not None:
-        return [shard]
-    return _plan_parquet(shard.input_index, shard.path, target_shard_bytes)
-
-
-def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
-    """Group consecutive row groups until their compressed size reaches ``target``."""
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            meta = pq.ParquetFile(f).metadata
-    except READ_ERRORS:
-        # Not readable now: one shard, and read_shard reports it as unreadable_file.
-        return [ShardSpec(index, path, "parquet")]
-    shards: list[ShardSpec] = []
-    first, size = 0, 0
-    for i in range(meta.num_row_groups - 1):  # the last group always closes the last shard
-        group = meta.row_group(i)
-        size += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-        if size >= target:
-            shards.append(ShardSpec(index, path, "parquet", start=first, end=i + 1))
-            first, size = i + 1, 0
-    shards.append(ShardSpec(index, path, "parquet", start=first))
-    return shards
 
 
 # --------------------------------------------------------------------------- reading
