@@ -33,7 +33,7 @@ from transforms.instruction.options import InstructionConfig
 from transforms.instruction.schema import check_conversation
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_shards
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 MIX = (

@@ -22,7 +22,7 @@ from transforms.core.progress import PROGRESS_DIR_ENV
 from transforms.core.records import InputSpec
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_inputs, plan_shards
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 
 require_shared_data()
 

@@ -14,7 +14,7 @@ from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.manifest import summary_lines
 from transforms.io.planning import plan_shards
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 
 require_shared_data()
 

@@ -1,4 +1,5 @@
-"""Tests for transforms/io/readers.py: input specs, shard planning and streaming every format.
+"""Tests for reading inputs: the --input grammar (transforms/io/input_specs.py), shard planning
+(planning.py), compression (compression.py) and streaming every format (read_formats.py).
 
 Real excerpts of the shared data live in tests/data/readers (see SOURCES.md there); broken and
 compressed variants are written here, next to the test that needs them.
@@ -42,11 +43,11 @@ from transforms.core.vocabulary import (
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
 )
-from transforms.io import planning, readers
+from transforms.io import planning, read_formats
 from transforms.io.compression import file_format
 from transforms.io.input_specs import parse_input_spec, split_input_values
 from transforms.io.planning import plan_shards
-from transforms.io.readers import MAX_JSON_DEPTH, read_shard
+from transforms.io.read_formats import MAX_JSON_DEPTH, read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"
@@ -657,7 +658,7 @@ def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monke
     big = write(tmp_path / "big.jsonl.zst", b"x" * 100)
     small = write(tmp_path / "small.jsonl.gz", b"x" * 10)
     monkeypatch.setattr(planning, "LARGE_COMPRESSED_BYTES", 50)
-    monkeypatch.setattr(readers, "open_input", None)  # any read would fail
+    monkeypatch.setattr(read_formats, "open_input", None)  # any read would fail
     monkeypatch.setattr(planning.FileSystems, "open", None)
     plan = planning.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
     assert plan.shards == [ShardSpec(0, big, "jsonl"), ShardSpec(0, parquet, "parquet"),

@@ -14,7 +14,7 @@ from transforms.core.vocabulary import (
     TOP_NGRAM,
 )
 from transforms.io.planning import plan_shards
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 from transforms.knowledge import quality
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.quality import (

@@ -26,7 +26,7 @@ from transforms.core.vocabulary import (
     FILTERED,
 )
 from transforms.io.planning import plan_shards
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 
 SAMPLE_NAME = "decontamination"
 SNIPPET_CHARS = 200

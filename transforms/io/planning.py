@@ -4,7 +4,7 @@ so that every runner sees the same records in the same order.
 Reading happens in two steps. ``plan_inputs`` runs once, when the graph is built, from glob
 expansion alone: it cuts files into a fixed list of ``ShardSpec``s (byte ranges or whole files),
 and ``split_shard`` cuts a Parquet file into row-group ranges inside the job (``plan_shards`` does
-both at once, for callers that read outside a pipeline). ``readers.read_shard`` then streams
+both at once, for callers that read outside a pipeline). ``read_formats.read_shard`` then streams
 each shard.
 """
 

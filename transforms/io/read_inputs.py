@@ -24,7 +24,7 @@ from transforms.core.fields import apply_field_map
 from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
 from transforms.io.compression import file_format
 from transforms.io.planning import DEFAULT_TARGET_SHARD_BYTES, split_shard
-from transforms.io.readers import read_shard
+from transforms.io.read_formats import read_shard
 
 MAPPING_CHECK_RECORDS = 20  # first records of an input on which declared fields must appear
 MAPPING_CHECK_MAX_JSON_BYTES = 64 << 20  # a JSON array is parsed whole; larger ones go unchecked
