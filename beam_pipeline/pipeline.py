@@ -57,8 +57,13 @@ from transforms.io.manifest import (
     sum_counters,
     summary_lines,
 )
-from transforms.io.planning import InputPlan, large_compressed_advice, plan_inputs
-from transforms.io.read_inputs import ReadInputs, check_field_mappings
+from transforms.io.planning import (
+    InputPlan,
+    check_field_mappings,
+    large_compressed_advice,
+    plan_inputs,
+)
+from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import (
     OUTPUT_KINDS,
     PARQUET_KINDS,
