@@ -37,6 +37,7 @@ from transforms.core.vocabulary import (
     RECORD_TOO_LARGE,
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
+    Drop,
 )
 from transforms.io.compression import (
     BLOCK,
@@ -116,7 +117,7 @@ def limit_option(limit: int) -> str:
 
 
 def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
-    return Record(shard.path, position, shard.input_index, error=(reason, message), raw=raw)
+    return Record(shard.path, position, shard.input_index, error=Drop(reason, message), raw=raw)
 
 
 def _raw(data: bytes, truncated: bool = False) -> str:
@@ -494,29 +495,30 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
         while True:
             cursor.position = index
             row: list[str] | None = None
-            error: tuple[str, str] | None = None
+            error: Drop | None = None
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                error = (MALFORMED_CSV, f"csv: {exc}")
+                error = Drop(MALFORMED_CSV, f"csv: {exc}")
             except _RowTooLarge as exc:
-                error = (RECORD_TOO_LARGE, str(exc))
+                error = Drop(RECORD_TOO_LARGE, str(exc))
             raw, size = lines.take()
             raw = raw.rstrip("\r\n")
             if row == []:
                 continue  # a blank line
             if error is None and not _is_utf8(raw):
-                error = (INVALID_UTF8, "row contains bytes that are not UTF-8")
+                error = Drop(INVALID_UTF8, "row contains bytes that are not UTF-8")
             if header is None:
                 if error is not None:
-                    yield _failed(shard, 0, error[0], f"header: {error[1]}", _raw_text(raw)), size
+                    message = f"header: {error.message}"
+                    yield _failed(shard, 0, error.reason, message, _raw_text(raw)), size
                     return
                 header = row
                 continue
             if error is None and len(row) != len(header):
-                error = (MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
+                error = Drop(MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
             if error is None:
                 yield (
                     Record(
@@ -526,8 +528,8 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                 )
             else:
                 data = raw.encode("utf-8", "surrogateescape")
-                raw = _raw(data, truncated=error[0] == RECORD_TOO_LARGE)
-                yield _failed(shard, index, error[0], error[1], raw), size
+                raw = _raw(data, truncated=error.reason == RECORD_TOO_LARGE)
+                yield _failed(shard, index, error.reason, error.message, raw), size
             index += 1
 
 
