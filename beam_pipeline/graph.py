@@ -10,10 +10,10 @@ import apache_beam as beam
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import progress
 from beam_pipeline.options import PrepConfig
 from beam_pipeline.planning import Phase
 from transforms.classify import ClassifyRecords
+from transforms.core import progress
 from transforms.core.records import ShardSpec
 from transforms.core.steps import PARTS, STATS, Part, TailPlan, tail_group_ids
 from transforms.core.tokenizer import load_tokenizer, tokenizer_identity

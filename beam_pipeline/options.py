@@ -23,7 +23,7 @@ from transforms.curation import options as curation_options
 from transforms.curation.options import CurationConfig, CurationOptions
 from transforms.instruction import options as instruction_options
 from transforms.instruction.options import InstructionConfig, InstructionOptions
-from transforms.io.readers import parse_input_spec, split_input_values
+from transforms.io.input_specs import parse_input_spec, split_input_values
 from transforms.knowledge import options as knowledge_options
 from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions
 

@@ -21,8 +21,12 @@ from transforms.instruction.chat_template import (
     check_system_prompt,
     check_template_tokens,
 )
-from transforms.io.read_inputs import check_field_mappings
-from transforms.io.readers import InputPlan, large_compressed_advice, plan_inputs
+from transforms.io.planning import (
+    InputPlan,
+    check_field_mappings,
+    large_compressed_advice,
+    plan_inputs,
+)
 from transforms.io.writers import OUTPUT_KINDS, PHASES_NAME, check_card_place, check_output_dir
 
 LOG = logging.getLogger("beam_pipeline")

@@ -31,7 +31,9 @@ from transforms.instruction.adapters import to_conversation
 from transforms.instruction.chat_template import EncodedExample, encode_conversations
 from transforms.instruction.options import InstructionConfig
 from transforms.instruction.schema import check_conversation
-from transforms.io.readers import parse_input_spec, plan_shards, read_shard
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 MIX = (

@@ -21,6 +21,7 @@ from transforms.core.vocabulary import (
     NOT_AN_OBJECT,
     UNCLASSIFIABLE,
     WRONG_TYPE,
+    Drop,
 )
 
 require_shared_data()
@@ -126,7 +127,7 @@ def test_read_errors_pass_through_with_their_reason_and_raw_text():
         source="x.jsonl",
         position=3,
         input_index=0,
-        error=(MALFORMED_JSON, "Expecting value"),
+        error=Drop(MALFORMED_JSON, "Expecting value"),
         raw="{oops",
     )
     result = classify(failed, spec())

@@ -9,7 +9,7 @@ from datasets import load_dataset
 
 from beam_pipeline.card import CARD_NAME, build_card
 from tests.support.report_run import curated_run
-from transforms.io.readers import parse_input_spec
+from transforms.io.input_specs import parse_input_spec
 from transforms.io.writers import is_our_card
 
 

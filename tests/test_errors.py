@@ -21,7 +21,7 @@ from beam_pipeline.cli import main
 from beam_pipeline.planning import prepare
 from tests.conftest import EXAMPLES
 from transforms.core import tokenizer
-from transforms.io import readers
+from transforms.io import planning
 
 BROKEN = f"{EXAMPLES}/broken_lines.jsonl"
 C4 = f"{EXAMPLES}/c4_sample.jsonl"
@@ -215,7 +215,7 @@ def test_an_unexpected_failure_is_one_line_unless_verbose(tmp_path, capsys, monk
 def test_a_large_compressed_input_gets_the_advice_at_planning(tmp_path, monkeypatch, caplog):
     big = tmp_path / "crawl.jsonl.gz"
     big.write_bytes(gzip.compress(b'{"text": "a document"}\n' * 1000))
-    monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 100)
+    monkeypatch.setattr(planning, "LARGE_COMPRESSED_BYTES", 100)
     with caplog.at_level(logging.WARNING, logger="beam_pipeline"):
         prepare([f"--input={big}", f"--output={tmp_path}/o"])
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

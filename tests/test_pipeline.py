@@ -15,11 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline import progress
+from beam_pipeline.progress import read_totals
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, SHARED_DATA, require_shared_data
+from transforms.core.progress import PROGRESS_DIR_ENV
 from transforms.core.records import InputSpec
-from transforms.io.readers import parse_input_spec, plan_inputs, plan_shards, read_shard
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_inputs, plan_shards
+from transforms.io.read_formats import read_shard
 
 require_shared_data()
 
@@ -54,12 +57,12 @@ def run_pipeline(output, *extra: str) -> dict:
     # The side channel of progress.ProgressReporter, kept: the tests read the final counts.
     counters = output.parent / f"{output.name}-progress"
     counters.mkdir()
-    os.environ[progress.PROGRESS_DIR_ENV] = str(counters)
+    os.environ[PROGRESS_DIR_ENV] = str(counters)
     try:
         run(args)
     finally:
-        os.environ.pop(progress.PROGRESS_DIR_ENV)
-    PROGRESS[output] = progress.read_totals(str(counters))
+        os.environ.pop(PROGRESS_DIR_ENV)
+    PROGRESS[output] = read_totals(str(counters))
     return json.loads((output / "manifest.json").read_text())
 
 

@@ -33,7 +33,7 @@ TEXT_FORMAT = "text"
 def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
     """Returns (branch, record with its canonical value and format) or a Rejection."""
     if record.error is not None:
-        return Rejection.of(record, *record.error)
+        return Rejection.of(record, record.error.reason, record.error.message)
     value: Any = record.value
     if isinstance(value, str):
         if spec.branch == INSTRUCTION:

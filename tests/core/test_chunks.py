@@ -15,8 +15,10 @@ from transforms.core.chunks import Chunk, ChunkCoder, estimated_size
 from transforms.core.records import RecordChunk
 from transforms.core.steps import PARTS, STATS, Part
 from transforms.instruction.branch import EncodedChunk
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 from transforms.io.read_inputs import ReadInputs
-from transforms.io.readers import parse_input_spec, plan_shards, read_shard
 
 require_shared_data()
 

@@ -19,8 +19,8 @@ from transforms.curation.decontam import DecontamConfig, EvalIndex, ngrams
 from transforms.curation.mixing import BUCKETS, MixConfig, MixSources, plan_mix
 from transforms.curation.options import fraction_or_count, mix_config
 from transforms.curation.splits import HASH_SPACE, SplitOff, SplitValidation, split_salt
+from transforms.io.input_specs import parse_input_spec
 from transforms.io.manifest import build_manifest, summary_lines
-from transforms.io.readers import parse_input_spec
 from transforms.knowledge.branch import TokenizedChunk
 
 require_shared_data()

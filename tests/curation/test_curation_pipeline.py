@@ -11,8 +11,10 @@ import pytest
 
 from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.io.input_specs import parse_input_spec
 from transforms.io.manifest import summary_lines
-from transforms.io.readers import parse_input_spec, plan_shards, read_shard
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 
 require_shared_data()
 

@@ -9,11 +9,12 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import progress
 from tests.conftest import EXAMPLES
+from transforms.core import progress
 from transforms.core.records import ShardSpec
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_inputs, plan_shards
 from transforms.io.read_inputs import ReadInputs
-from transforms.io.readers import parse_input_spec, plan_inputs, plan_shards
 
 SAMPLE = EXAMPLES / "c4_sample.jsonl"
 CHUNK = 7

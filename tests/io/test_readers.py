@@ -1,4 +1,5 @@
-"""Tests for transforms/io/readers.py: input specs, shard planning and streaming every format.
+"""Tests for reading inputs: the --input grammar (transforms/io/input_specs.py), shard planning
+(planning.py), compression (compression.py) and streaming every format (read_formats.py).
 
 Real excerpts of the shared data live in tests/data/readers (see SOURCES.md there); broken and
 compressed variants are written here, next to the test that needs them.
@@ -41,16 +42,13 @@ from transforms.core.vocabulary import (
     RECORD_TOO_LARGE,
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
+    Drop,
 )
-from transforms.io import readers
-from transforms.io.readers import (
-    MAX_JSON_DEPTH,
-    file_format,
-    parse_input_spec,
-    plan_shards,
-    read_shard,
-    split_input_values,
-)
+from transforms.io import planning, read_formats
+from transforms.io.compression import file_format
+from transforms.io.input_specs import parse_input_spec, split_input_values
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import MAX_JSON_DEPTH, read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"
@@ -81,7 +79,7 @@ def write(path: Path, data: bytes) -> str:
 
 
 def errors(records: list[Record]) -> list[tuple[int, str]]:
-    return [(r.position, r.error[0]) for r in records if r.error]
+    return [(r.position, r.error.reason) for r in records if r.error]
 
 
 def line_at(path: Path | str, offset: int) -> bytes:
@@ -406,7 +404,8 @@ def test_overlong_records_are_never_held_whole(tmp_path):
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert [r.error[0] if r.error else "ok" for r in records] == ["ok", RECORD_TOO_LARGE, "ok"]
+        assert [r.error.reason if r.error else "ok" for r in records] == [
+            "ok", RECORD_TOO_LARGE, "ok"]
         assert peak < 8 << 20, (value, peak)
 
 
@@ -566,9 +565,9 @@ def test_jsonl_bad_lines_become_error_records(tmp_path):
         (offsets[5], INVALID_UTF8),
     ]
     assert [r.value for r in records if not r.error] == [{"ok": 1}, {"ok": 2}]
-    assert records[1].raw == "{not json" and "Expecting property name" in records[1].error[1]
-    assert records[5].raw == '{"text": "caf\ufffd"}' and "0xe9" in records[5].error[1]
-    assert records[2].error[1] == "a JSON list, not an object"
+    assert records[1].raw == "{not json" and "Expecting property name" in records[1].error.message
+    assert records[5].raw == '{"text": "caf\ufffd"}' and "0xe9" in records[5].error.message
+    assert records[2].error.message == "a JSON list, not an object"
 
 
 def test_jsonl_overlong_line_is_rejected_with_a_capped_prefix(tmp_path):
@@ -577,7 +576,7 @@ def test_jsonl_overlong_line_is_rejected_with_a_capped_prefix(tmp_path):
     records = read_all(path, max_record_bytes=1 << 20)
     assert errors(records) == [(9, RECORD_TOO_LARGE)]
     assert records[1].raw == '{"text": "' + "x" * (RAW_CAP_BYTES - 10) + "...[truncated]"
-    assert str(len(huge)) in records[1].error[1]
+    assert str(len(huge)) in records[1].error.message
     assert [r.value for r in records if not r.error] == [{"a": 1}, {"b": 2}]
     assert records[2].position == 9 + len(huge) + 1
 
@@ -585,7 +584,7 @@ def test_jsonl_overlong_line_is_rejected_with_a_capped_prefix(tmp_path):
 def test_json_errors(tmp_path):
     broken = write(tmp_path / "cut.json", ALPACA.read_bytes()[:2000])
     (record,) = read_all(broken)
-    assert (record.position, record.error[0], record.raw) == (
+    assert (record.position, record.error.reason, record.raw) == (
         0,
         MALFORMED_JSON,
         ALPACA.read_text()[:2000],
@@ -601,7 +600,7 @@ def test_json_errors(tmp_path):
     assert (records[2].position, records[2].value) == (2, {"a": 1})
     assert [r.raw for r in records if r.error] == ["1", '"x"', "[2]", "null"]
     (bad,) = read_all(write(tmp_path / "latin1.json", b'[{"a": "\xe9"}]'))
-    assert (bad.position, bad.error[0]) == (0, INVALID_UTF8)
+    assert (bad.position, bad.error.reason) == (0, INVALID_UTF8)
 
 
 def test_csv_bad_rows_become_error_records(tmp_path):
@@ -637,9 +636,9 @@ def test_text_bad_lines_and_paragraphs(tmp_path):
     assert paragraphs[0].raw == "good\nbad \ufffd"
     assert paragraphs[2].raw == "z" * 300 + "...[truncated]"
     (whole,) = read_all(path)
-    assert (whole.error[0], whole.raw[:4]) == (INVALID_UTF8, "good")
+    assert (whole.error.reason, whole.raw[:4]) == (INVALID_UTF8, "good")
     (big,) = read_all(path, max_record_bytes=100)
-    assert big.error[0] == RECORD_TOO_LARGE
+    assert big.error.reason == RECORD_TOO_LARGE
 
 
 def test_a_record_too_large_names_the_option_that_sets_the_limit(tmp_path):
@@ -647,11 +646,11 @@ def test_a_record_too_large_names_the_option_that_sets_the_limit(tmp_path):
     path = write(tmp_path / "t.jsonl", b'{"text": "' + b"z" * 3_000_000 + b'"}\n{"text": "ok"}\n')
     limit = 2 << 20
     big, ok = read_all(path, max_record_bytes=limit)
-    assert big.error == (RECORD_TOO_LARGE, "line of 3000012 bytes exceeds --max_record_mb=2 "
+    assert big.error == Drop(RECORD_TOO_LARGE, "line of 3000012 bytes exceeds --max_record_mb=2 "
                                            "(2,097,152 bytes)")
     assert ok.value == {"text": "ok"}
     (whole,) = read_all(str(tmp_path / "t.jsonl") + "#format=text", max_record_bytes=limit)
-    assert whole.error == (RECORD_TOO_LARGE, "file exceeds --max_record_mb=2 (2,097,152 bytes)")
+    assert whole.error == Drop(RECORD_TOO_LARGE, "file exceeds --max_record_mb=2 (2,097,152 bytes)")
 
 
 def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monkeypatch):
@@ -660,15 +659,15 @@ def test_planning_opens_no_file_and_flags_large_compressed_files(tmp_path, monke
     parquet, _ = parquet_file(tmp_path)
     big = write(tmp_path / "big.jsonl.zst", b"x" * 100)
     small = write(tmp_path / "small.jsonl.gz", b"x" * 10)
-    monkeypatch.setattr(readers, "LARGE_COMPRESSED_BYTES", 50)
-    monkeypatch.setattr(readers, "_open", None)  # any read would fail
-    monkeypatch.setattr(readers.FileSystems, "open", None)
-    plan = readers.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
+    monkeypatch.setattr(planning, "LARGE_COMPRESSED_BYTES", 50)
+    monkeypatch.setattr(read_formats, "open_input", None)  # any read would fail
+    monkeypatch.setattr(planning.FileSystems, "open", None)
+    plan = planning.plan_inputs([parse_input_spec(0, f"{tmp_path}/*")])
     assert plan.shards == [ShardSpec(0, big, "jsonl"), ShardSpec(0, parquet, "parquet"),
                            ShardSpec(0, small, "jsonl")]
     assert plan.shard_bytes == [100, os.path.getsize(parquet), 10]
     assert plan.large_compressed == [(big, 100)]
-    advice = readers.large_compressed_advice(plan.large_compressed)
+    advice = planning.large_compressed_advice(plan.large_compressed)
     assert advice.startswith(f"1 compressed input file(s) over 0 GiB (largest {big}, 0.0 GiB)")
     assert advice.endswith("see docs/inputs-at-scale.md")
 
@@ -684,7 +683,7 @@ def test_truncated_compressed_file_keeps_what_was_read(tmp_path, suffix):
     assert good and all(r.error is None for r in good)
     assert [r.value["i"] for r in good] == list(range(len(good)))
     assert len(good) < len(lines)
-    assert (last.error[0], last.raw) == (UNREADABLE_FILE, "")
+    assert (last.error.reason, last.raw) == (UNREADABLE_FILE, "")
     assert last.position == sum(map(len, lines[: len(good)]))
 
 
@@ -702,15 +701,15 @@ def test_corrupt_compressed_file_is_unreadable(tmp_path, name):
     # Damage may decode to garbage before a checksum catches it, so only the ends are certain:
     # the records before it come through, and the file ends in one unreadable_file record.
     assert records[0].error is None
-    assert [r.error[0] for r in records if r.error][-1:] == [UNREADABLE_FILE]
-    assert [r.error[0] for r in records if r.error].count(UNREADABLE_FILE) == 1
-    assert records[-1].error[0] == UNREADABLE_FILE
+    assert [r.error.reason for r in records if r.error][-1:] == [UNREADABLE_FILE]
+    assert [r.error.reason for r in records if r.error].count(UNREADABLE_FILE) == 1
+    assert records[-1].error.reason == UNREADABLE_FILE
 
 
 def test_not_actually_gzip_is_unreadable(tmp_path):
     (record,) = read_all(write(tmp_path / "plain.jsonl.gz", C4.read_bytes()))
-    assert (record.position, record.error[0]) == (0, UNREADABLE_FILE)
-    assert "Not a gzipped file" in record.error[1]
+    assert (record.position, record.error.reason) == (0, UNREADABLE_FILE)
+    assert "Not a gzipped file" in record.error.message
 
 
 def test_file_gone_after_planning_is_unreadable(tmp_path):
@@ -718,7 +717,7 @@ def test_file_gone_after_planning_is_unreadable(tmp_path):
     shards = plan_shards([parse_input_spec(0, path)], target_shard_bytes=8000)
     Path(path).unlink()
     records = [r for s in shards for c in read_shard(s) for r in c.records]
-    assert [(r.position, r.error[0]) for r in records] == [
+    assert [(r.position, r.error.reason) for r in records] == [
         (s.start, UNREADABLE_FILE) for s in shards
     ]
 
@@ -728,7 +727,7 @@ def test_corrupt_parquet_is_unreadable(tmp_path):
     shards = plan_shards([parse_input_spec(0, path)])
     assert shards == [ShardSpec(0, path, "parquet")]
     (record,) = read_all(path)
-    assert (record.position, record.error[0]) == (0, UNREADABLE_FILE)
+    assert (record.position, record.error.reason) == (0, UNREADABLE_FILE)
 
 
 def test_csv_decoding_survives_a_multibyte_character_split_across_reads(tmp_path):
@@ -754,9 +753,9 @@ def test_json_nested_too_deeply_is_a_malformed_record_not_a_crash(tmp_path):
     array = write(tmp_path / "deep.json", f"[{deep}]".encode())
     records = [r for s in plan_shards([parse_input_spec(0, jsonl), parse_input_spec(1, array)])
                for c in read_shard(s) for r in c.records]
-    assert [(r.error and r.error[0], r.value) for r in records] == [
+    assert [(r.error and r.error.reason, r.value) for r in records] == [
         (MALFORMED_JSON, None), (None, {"text": "fine"}), (MALFORMED_JSON, None)]
-    assert records[0].error[1] == "JSON nested too deeply to parse"
+    assert records[0].error.message == "JSON nested too deeply to parse"
 
 
 def test_json_nested_deeper_than_the_limit_is_rejected_before_it_reaches_beam(tmp_path):
@@ -766,7 +765,7 @@ def test_json_nested_deeper_than_the_limit_is_rejected_before_it_reaches_beam(tm
     array = write(tmp_path / "d.json", f'[{deep}, {{"text": "ok"}}]'.encode())
     records = [r for s in plan_shards([parse_input_spec(0, path), parse_input_spec(1, array)])
                for c in read_shard(s) for r in c.records]
-    assert [r.error and r.error[0] for r in records] == [
+    assert [r.error and r.error.reason for r in records] == [
         TOO_DEEPLY_NESTED, TOO_DEEPLY_NESTED, None, TOO_DEEPLY_NESTED, None]
 
 
@@ -779,4 +778,4 @@ def test_json_depth_limit_is_exact_and_many_shallow_brackets_pass(tmp_path):
     path = write(tmp_path / "d.jsonl", ("\n".join(lines) + "\n").encode())
     records = [r for s in plan_shards([parse_input_spec(0, path)])
                for c in read_shard(s) for r in c.records]
-    assert [r.error and r.error[0] for r in records] == [None, TOO_DEEPLY_NESTED, None]
+    assert [r.error and r.error.reason for r in records] == [None, TOO_DEEPLY_NESTED, None]

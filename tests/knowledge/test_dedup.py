@@ -19,7 +19,8 @@ from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
 )
-from transforms.io.readers import parse_input_spec, plan_shards
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_shards
 from transforms.knowledge import dedup
 from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import (

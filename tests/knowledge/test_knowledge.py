@@ -28,7 +28,9 @@ from tests.knowledge.test_dedup import edited, restyled
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import STATS
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
-from transforms.io.readers import parse_input_spec, plan_shards, read_shard
+from transforms.io.input_specs import parse_input_spec
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 from transforms.knowledge.branch import RawTextEncoder, TokenizeDocuments, raw_text_encoder
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions

@@ -13,7 +13,8 @@ from transforms.core.records import InputSpec
 from transforms.core.vocabulary import (
     TOP_NGRAM,
 )
-from transforms.io.readers import plan_shards, read_shard
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 from transforms.knowledge import quality
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.quality import (

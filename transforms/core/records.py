@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from transforms.core.chunks import Chunk
+from transforms.core.vocabulary import Drop
 
 # Fields a declared mapping may fill (``#prompt=question``): what classification and the
 # instruction adapters read.
@@ -87,7 +88,7 @@ class Record:
     position: int
     input_index: int
     value: Any = None
-    error: tuple[str, str] | None = None  # (reason code, message) for read failures
+    error: Drop | None = None  # why the record could not be read
     raw: str | None = None  # the raw text, kept only for records that failed to read
     format: str | None = None  # set by classification: "text" or an instruction format
 

@@ -25,7 +25,8 @@ from transforms.core.vocabulary import (
     CONTAMINATED,
     FILTERED,
 )
-from transforms.io.readers import plan_shards, read_shard
+from transforms.io.planning import plan_shards
+from transforms.io.read_formats import read_shard
 
 SAMPLE_NAME = "decontamination"
 SNIPPET_CHARS = 200

@@ -26,7 +26,7 @@ from transforms.core.vocabulary import (
 )
 from transforms.curation.decontam import DecontamConfig
 from transforms.curation.mixing import MIX_SCALES, MixConfig
-from transforms.io.readers import parse_input_spec, split_input_values
+from transforms.io.input_specs import parse_input_spec, split_input_values
 
 GROUP = "mixing, validation split and decontamination"
 

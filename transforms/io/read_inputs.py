@@ -1,5 +1,4 @@
-"""ReadInputs: planned shards in, ordered record chunks out; and the planning-time check of
-declared field mappings.
+"""ReadInputs: planned shards in, ordered record chunks out, spread over the workers.
 
 The shard list is computed when the graph is built from glob expansion alone, so it depends
 only on the inputs; the shards are spread over workers, a whole Parquet file is cut into
@@ -14,23 +13,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
-import pyarrow as pa
-import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import progress
-from transforms.core.fields import apply_field_map
-from transforms.core.records import InputSpec, Record, RecordChunk, ShardSpec
-from transforms.io.readers import (
-    DEFAULT_TARGET_SHARD_BYTES,
-    file_format,
-    read_shard,
-    split_shard,
-)
-
-MAPPING_CHECK_RECORDS = 20  # first records of an input on which declared fields must appear
-MAPPING_CHECK_MAX_JSON_BYTES = 64 << 20  # a JSON array is parsed whole; larger ones go unchecked
+from transforms.core import progress
+from transforms.core.records import RecordChunk, ShardSpec
+from transforms.io.planning import DEFAULT_TARGET_SHARD_BYTES, split_shard
+from transforms.io.read_formats import read_shard
 
 
 class ReadInputs(beam.PTransform):
@@ -101,60 +88,3 @@ def _read(planned: _Planned, chunk_records: int, max_record_bytes: int,
         done = max(done, reached)
         yield chunk
     progress.count(bytes_read=nbytes - done, shards_done=int(ends_planned))
-
-
-def check_field_mappings(spec: InputSpec, path: str) -> None:
-    """Fails when a field declared on ``--input`` (``text=sentence1``) is absent from every one
-    of the first records of the input's first file, before any work is done."""
-    field_map = dict(spec.fields)
-    fmt = spec.format or file_format(path)
-    if not field_map or _too_big_to_peek(path, fmt):
-        return
-    shard = ShardSpec(spec.index, path, fmt, text_unit=spec.text_unit if fmt == "text" else "file")
-    try:
-        chunks = list(_first_chunks(shard))
-    except (OSError, pa.ArrowException):
-        return  # unreadable now: the job reports the file as unreadable_file
-    values = [record.value for chunk in chunks for record in chunk.records
-              if record.error is None and isinstance(record.value, dict)]
-    if not values:
-        return
-    missing: set[str] = set()
-    for value in values:
-        try:
-            apply_field_map(value, field_map)
-            return  # one record has every declared field: the mapping fits the input
-        except KeyError as error:
-            missing.update(str(error.args[0]).split(", "))
-    declared = ";".join(f"{k}={v}" for k, v in spec.fields if v in missing)
-    raise ValueError(
-        f"--input {spec.pattern!r}: declared field(s) {declared} not found in the first "
-        f"{len(values)} record(s) of {path}, whose fields are {', '.join(sorted(values[0]))}; "
-        f"change the mapping after '#'")
-
-
-def _first_chunks(shard: ShardSpec) -> Iterator[RecordChunk]:
-    if shard.format == "parquet":
-        yield from _first_parquet_rows(shard)
-        return
-    yield next(read_shard(shard, chunk_records=MAPPING_CHECK_RECORDS), RecordChunk("", ()))
-
-
-def _first_parquet_rows(shard: ShardSpec) -> Iterator[RecordChunk]:
-    """Parquet's first rows from its first row group only (a bounded read)."""
-    with FileSystems.open(shard.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        parquet = pq.ParquetFile(f)
-        if parquet.metadata.num_row_groups == 0:
-            return
-        batch = next(parquet.iter_batches(batch_size=MAPPING_CHECK_RECORDS, row_groups=[0]),
-                     None)
-    if batch is not None:
-        yield RecordChunk("", tuple(Record(shard.path, i, shard.input_index, value=row)
-                                    for i, row in enumerate(batch.to_pylist())))
-
-
-def _too_big_to_peek(path: str, fmt: str) -> bool:
-    if fmt != "json":
-        return False
-    (meta,) = FileSystems.match([path])[0].metadata_list
-    return meta.size_in_bytes > MAPPING_CHECK_MAX_JSON_BYTES

@@ -1,57 +1,35 @@
-"""Turn ``--input`` values into deterministic shards and stream each shard as ``RecordChunk``s.
+"""Stream one planned shard as ``RecordChunk``s: the line-delimited, JSON, CSV, Parquet and text
+readers behind ``read_shard``.
 
-Reading happens in two steps so that every runner sees the same records in the same order.
-``plan_inputs`` runs once, when the graph is built, from glob expansion alone: it cuts files into
-a fixed list of ``ShardSpec``s (byte ranges or whole files), and ``split_shard`` cuts a Parquet
-file into row-group ranges inside the job (``plan_shards`` does both at once, for callers that
-read outside a pipeline). ``read_shard`` then
-streams one shard into bounded chunks whose ids come from the input alone (seqio's
-``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of ``read_shard``: it comes
-out as a ``Record`` with an ``error``, so the manifest can account for it.
+``read_shard`` streams one shard (see ``planning``) into bounded chunks whose ids come from the
+input alone (seqio's ``Create(shards) | FlatMap(read)`` pattern). Bad data never raises out of
+``read_shard``: it comes out as a ``Record`` with an ``error``, so the manifest can account for it.
 
-All file access goes through Beam's ``FileSystems``, so ``gs://`` paths work like local ones.
-Decompression is done here rather than by Beam's ``CompressedFile`` because that class (like
-zstandard's ``stream_reader``) ends quietly at the end of a truncated stream, which would drop the
-rest of the file without a trace; the readers below report it as ``unreadable_file``.
+Files are opened through ``compression.open_input``, which reports a truncated or corrupt stream
+instead of ending quietly; the readers below report it as ``unreadable_file``.
 """
 
 from __future__ import annotations
 
-import bz2
-import contextlib
 import csv
 import dataclasses
-import gzip
 import io
 import itertools
 import json
-import lzma
-import os
-import posixpath
-import re
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-import pyarrow as pa
 import pyarrow.parquet as pq
-import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import (
-    CANONICAL_FIELDS,
-    LABEL,
     RAW_CAP_BYTES,
-    TEXT_UNITS,
-    InputSpec,
     Record,
     RecordChunk,
     ShardSpec,
 )
 from transforms.core.vocabulary import (
-    BRANCHES,
-    FILE_FORMATS,
     INVALID_UTF8,
     MALFORMED_CSV,
     MALFORMED_JSON,
@@ -59,362 +37,23 @@ from transforms.core.vocabulary import (
     RECORD_TOO_LARGE,
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
+    Drop,
+)
+from transforms.io.compression import (
+    BLOCK,
+    READ_ERRORS,
+    open_input,
+    uncompressed_name,
 )
 
 MiB = 1 << 20
-DEFAULT_TARGET_SHARD_BYTES = 64 * MiB
 DEFAULT_CHUNK_RECORDS = 1000
 DEFAULT_CHUNK_BYTES = 8 * MiB
 DEFAULT_MAX_RECORD_BYTES = 16 * MiB
-# One compressed file above this size keeps one worker busy for long (tens of minutes): the
-# planner advises splitting it, pointing at INPUTS_DOC.
-LARGE_COMPRESSED_BYTES = 2 << 30
-INPUTS_DOC = "docs/inputs-at-scale.md"
 
-_SETTINGS = ("branch", "format", "text_unit", "name", "weight", "phase", "license")
-# A licence identifier as the Hugging Face dataset card takes it (``apache-2.0``, ``cc-by-4.0``).
-_LICENSE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")
-_FORMAT_BY_EXTENSION = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".txt": "text",
-    ".text": "text",
-    ".md": "text",
-    ".csv": "csv",
-    ".tsv": "csv",
-}
 _BOM = b"\xef\xbb\xbf"
-_BLOCK = 1 << 20  # bytes read from a stream at a time
 _LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
 _TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
-
-
-# --------------------------------------------------------------------------- input specs
-
-
-def split_input_values(values: Iterable[str]) -> list[str]:
-    """Split comma-separated ``--input`` values and drop blanks.
-
-    A Flex Template parameter holds one string, so several patterns arrive as ``a,b,c``; the
-    command line may also repeat ``--input``. Both forms end up as one flat list. Patterns and
-    declarations therefore cannot contain commas.
-    """
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def parse_input_spec(index: int, value: str) -> InputSpec:
-    """Parse ``PATTERN[#key=value;key=value...]`` into an ``InputSpec``.
-
-    ``branch``, ``format``, ``text_unit``, ``name``, ``weight``, ``phase`` and ``license`` are
-    settings; any other key maps a canonical field to a source field (``prompt=question``).
-    Everything after the first ``#`` is declarations, so a path pattern cannot contain ``#``.
-    Errors name the offending value so a typo fails the job before any work starts.
-    """
-    pattern, _, declarations = value.partition("#")
-    pattern = pattern.strip()
-    if not pattern:
-        raise ValueError(f"--input {value!r}: the path pattern is empty")
-    settings: dict[str, str] = {}
-    fields: dict[str, str] = {}
-    for pair in declarations.split(";"):
-        if not pair.strip():
-            continue
-        key, eq, val = (part.strip() for part in pair.partition("="))
-        if not eq or not key or not val:
-            raise ValueError(f"--input {value!r}: {pair.strip()!r} is not key=value")
-        if key in settings or key in fields:
-            raise ValueError(f"--input {value!r}: {key!r} is declared twice")
-        if key not in _SETTINGS and key not in CANONICAL_FIELDS:
-            raise ValueError(
-                f"--input {value!r}: {key!r} is neither a setting ({', '.join(sorted(_SETTINGS))}) "
-                f"nor a canonical field ({', '.join(CANONICAL_FIELDS)})"
-            )
-        (settings if key in _SETTINGS else fields)[key] = val
-    for key, allowed in (("branch", BRANCHES), ("format", FILE_FORMATS), ("text_unit", TEXT_UNITS)):
-        if key in settings and settings[key] not in allowed:
-            raise ValueError(
-                f"--input {value!r}: {key}={settings[key]!r} is not one of {', '.join(allowed)}"
-            )
-    if settings.get("format", "text") != "text" and "text_unit" in settings:
-        raise ValueError(f"--input {value!r}: text_unit applies only to format=text")
-    for key in ("name", "phase"):
-        if key in settings and not LABEL.fullmatch(settings[key]):
-            raise ValueError(f"--input {value!r}: {key}={settings[key]!r} must be letters, "
-                             "digits, '_' and '-', starting with a letter or digit")
-    weight = None
-    if "weight" in settings:
-        try:
-            weight = float(settings["weight"])
-        except ValueError:
-            weight = -1.0
-        if not weight > 0 or weight == float("inf"):
-            raise ValueError(f"--input {value!r}: weight={settings['weight']!r} must be a "
-                             "number above 0")
-    return InputSpec(
-        index=index,
-        pattern=pattern,
-        branch=settings.get("branch"),
-        format=settings.get("format"),
-        text_unit=settings.get("text_unit", "file"),
-        name=settings.get("name"),
-        fields=tuple(sorted(fields.items())),
-        weight=weight,
-        phase=settings.get("phase"),
-        license=_license(value, settings),
-    )
-
-
-def _license(value: str, settings: dict[str, str]) -> str | None:
-    """The declared licence, for the dataset card; an identifier, so the card's YAML stays valid."""
-    found = settings.get("license")
-    if found is not None and not _LICENSE.fullmatch(found):
-        raise ValueError(f"--input {value!r}: license={found!r} must be a licence identifier "
-                         "such as apache-2.0, cc-by-4.0 or mit (letters, digits, '.', '+', '-')")
-    return found
-
-
-# --------------------------------------------------------------------------- compression
-
-
-class _ZstdReader(io.RawIOBase):
-    """Decompress concatenated zstd frames, raising EOFError when the input stops inside one."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        # Windows up to 2 GiB, as Beam allows, so that archives made with `zstd --long` open.
-        self._dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
-        self._frame: zstandard.ZstdDecompressionObj | None = None
-        self._tail = b""  # input that follows a finished frame
-        self._pending = memoryview(b"")  # decompressed output not yet handed out
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:
-        while not self._pending:
-            data, self._tail = self._tail or self._raw.read(_BLOCK // 4), b""
-            if not data:
-                if self._frame is not None and not self._frame.eof:
-                    raise EOFError("zstd stream ended inside a frame (truncated file)")
-                return 0
-            if self._frame is None or self._frame.eof:
-                self._frame = self._dctx.decompressobj()
-            self._pending = memoryview(self._frame.decompress(data))
-            if self._frame.eof:
-                self._tail = self._frame.unused_data
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-def _zstd_stream(raw: BinaryIO) -> BinaryIO:
-    return io.BufferedReader(_ZstdReader(raw), buffer_size=_BLOCK)
-
-
-# Each opener wraps a raw FileSystems stream and raises on truncated or corrupt input.
-_DECOMPRESSORS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
-    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
-    ".zst": _zstd_stream,
-    ".zstd": _zstd_stream,
-    ".bz2": bz2.BZ2File,
-    ".xz": lzma.LZMAFile,
-}
-
-# What a broken or vanished file raises while it is read; anything else is a bug and propagates.
-_READ_ERRORS = (
-    OSError,
-    EOFError,
-    zlib.error,
-    lzma.LZMAError,
-    zstandard.ZstdError,
-    pa.ArrowException,
-)
-
-
-def _compression_suffix(path: str) -> str | None:
-    lower = path.lower()
-    return next((suffix for suffix in _DECOMPRESSORS if lower.endswith(suffix)), None)
-
-
-def _uncompressed_name(path: str) -> str:
-    """The lower-cased path without its compression suffix, for telling formats apart."""
-    lower = path.lower()
-    suffix = _compression_suffix(lower)
-    return lower[: -len(suffix)] if suffix else lower
-
-
-@contextlib.contextmanager
-def _open(path: str) -> Iterator[BinaryIO]:
-    """Open ``path`` for reading, decompressing by its suffix."""
-    with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(
-            FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-        )
-        suffix = _compression_suffix(path)
-        yield raw if suffix is None else stack.enter_context(_DECOMPRESSORS[suffix](raw))
-
-
-def file_format(path: str) -> str:
-    """The format implied by the file extension, looking through a compression suffix."""
-    fmt = _FORMAT_BY_EXTENSION.get(posixpath.splitext(_uncompressed_name(path))[1])
-    if fmt is None:
-        raise ValueError(
-            f"cannot tell the format of {path!r} from its extension; declare it on the input, "
-            f"e.g. PATTERN#format=jsonl (one of {', '.join(FILE_FORMATS)})"
-        )
-    return fmt
-
-
-# --------------------------------------------------------------------------- planning
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPlan:
-    """What the launcher learns from glob expansion alone: the shards, the bytes each stands
-    for (for progress), the first file of each input (for the field-mapping check) and the
-    compressed files too large to read fast (one worker reads each)."""
-
-    shards: list[ShardSpec]
-    shard_bytes: list[int]
-    first_files: dict[int, str]
-    large_compressed: list[tuple[str, int]]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.shard_bytes)
-
-
-def plan_shards(
-    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
-) -> list[ShardSpec]:
-    """Expand the input patterns into a deterministic list of shards, Parquet row groups too.
-
-    Files are taken in sorted path order; the same specs over the same files always give the
-    same list. Uncompressed JSONL and line/paragraph text are cut into byte ranges and Parquet
-    into row-group ranges of about ``target_shard_bytes`` each; anything else is one shard per
-    file. The launcher uses ``plan_inputs``, which leaves Parquet footers to the job.
-    """
-    plan = plan_inputs(specs, target_shard_bytes)
-    return [part for shard in plan.shards for part in split_shard(shard, target_shard_bytes)]
-
-
-def plan_inputs(
-    specs: Iterable[InputSpec], target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
-) -> InputPlan:
-    """Shards from glob expansion alone: nothing read from the files, so planning costs the
-    same for 10 files or 100,000. A pattern matching nothing, an unknown extension or a
-    compressed Parquet file stops the job here. Parquet files stay whole; ``split_shard``
-    cuts them into row-group ranges inside the job."""
-    if target_shard_bytes < 1:
-        raise ValueError(f"target_shard_bytes must be positive, got {target_shard_bytes}")
-    shards: list[ShardSpec] = []
-    sizes: list[int] = []
-    first_files: dict[int, str] = {}
-    large: list[tuple[str, int]] = []
-    for spec in specs:
-        files = _matched_files(spec)
-        first_files[spec.index] = files[0][0]
-        for path, size in files:
-            for shard, nbytes in _plan_file(spec, path, size, target_shard_bytes):
-                shards.append(shard)
-                sizes.append(nbytes)
-            if _compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
-                large.append((path, size))
-    return InputPlan(shards, sizes, first_files, large)
-
-
-def _matched_files(spec: InputSpec) -> list[tuple[str, int]]:
-    """The files of ``spec``, sorted by path. A directory stands for the files in it (at any
-    depth) whose format the extension tells, or all of them when the format is declared."""
-    directory = _directory(spec.pattern)
-    if directory is None:
-        metadata = FileSystems.match([spec.pattern])[0].metadata_list
-        if not metadata:
-            raise ValueError(f"--input pattern {spec.pattern!r} matches no files")
-        return sorted((m.path, m.size_in_bytes) for m in metadata)
-    found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
-    files = sorted((m.path, m.size_in_bytes) for m in found
-                   if spec.format or _known_format(m.path))
-    if not files:
-        raise ValueError(
-            f"--input {spec.pattern!r} is a directory with no file of a known format "
-            f"({', '.join(sorted(_FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
-            f"with the format, e.g. --input '{directory.rstrip('/')}/*.data#format=jsonl'")
-    return files
-
-
-def _directory(pattern: str) -> str | None:
-    """``pattern`` when it names a directory: a local one, or any path ending in ``/``."""
-    if pattern.endswith("/") or ("://" not in pattern and os.path.isdir(pattern)):
-        return pattern
-    return None
-
-
-def _known_format(path: str) -> bool:
-    return posixpath.splitext(_uncompressed_name(path))[1] in _FORMAT_BY_EXTENSION
-
-
-def large_compressed_advice(large: list[tuple[str, int]]) -> str:
-    """The planning-time warning for compressed files that one worker each must read."""
-    path, size = max(large, key=lambda item: item[1])
-    return (f"{len(large)} compressed input file(s) over {LARGE_COMPRESSED_BYTES >> 30} GiB "
-            f"(largest {path}, {size / (1 << 30):.1f} GiB): a compressed file cannot be split, so "
-            f"one worker reads each from start to end. Recompress into pieces of about 1 GB "
-            f"(e.g. part-00000.jsonl.zst, ...) or store it uncompressed, which is split into "
-            f"byte ranges; see {INPUTS_DOC}")
-
-
-def _plan_file(spec: InputSpec, path: str, size: int,
-               target: int) -> list[tuple[ShardSpec, int]]:
-    fmt = spec.format or file_format(path)
-    unit = spec.text_unit if fmt == "text" else "file"
-    index = spec.index
-    compressed = _compression_suffix(path) is not None
-    if fmt == "parquet" and compressed:
-        raise ValueError(
-            f"{path!r}: Parquet cannot be read through an outer compression; "
-            "Parquet compresses its own pages"
-        )
-    byte_ranges = not compressed and (fmt == "jsonl" or (fmt == "text" and unit != "file"))
-    count = max(1, -(-size // target)) if byte_ranges else 1
-    bounds = [size * i // count for i in range(count + 1)]
-    return [
-        (ShardSpec(index, path, fmt, text_unit=unit, start=bounds[i],
-                   end=bounds[i + 1] if i + 1 < count else None), bounds[i + 1] - bounds[i])
-        for i in range(count)
-    ]
-
-
-def split_shard(shard: ShardSpec,
-                target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES) -> list[ShardSpec]:
-    """A whole Parquet file as row-group ranges (its footer is read here, inside the job);
-    any other shard as it is."""
-    if shard.format != "parquet" or shard.start != 0 or shard.end is not None:
-        return [shard]
-    return _plan_parquet(shard.input_index, shard.path, target_shard_bytes)
-
-
-def _plan_parquet(index: int, path: str, target: int) -> list[ShardSpec]:
-    """Group consecutive row groups until their compressed size reaches ``target``."""
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            meta = pq.ParquetFile(f).metadata
-    except _READ_ERRORS:
-        # Not readable now: one shard, and read_shard reports it as unreadable_file.
-        return [ShardSpec(index, path, "parquet")]
-    shards: list[ShardSpec] = []
-    first, size = 0, 0
-    for i in range(meta.num_row_groups - 1):  # the last group always closes the last shard
-        group = meta.row_group(i)
-        size += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-        if size >= target:
-            shards.append(ShardSpec(index, path, "parquet", start=first, end=i + 1))
-            first, size = i + 1, 0
-    shards.append(ShardSpec(index, path, "parquet", start=first))
-    return shards
 
 
 # --------------------------------------------------------------------------- reading
@@ -467,7 +106,7 @@ def _read_records(shard: ShardSpec, limit: int) -> Iterator[tuple[Record, int]]:
     cursor = _Cursor(shard.start if line_based else 0)
     try:
         yield from _READERS[shard.format](shard, cursor, limit)
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         message = f"{type(error).__name__}: {error}"
         yield _failed(shard, cursor.position, UNREADABLE_FILE, message, ""), 0
 
@@ -478,7 +117,7 @@ def limit_option(limit: int) -> str:
 
 
 def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
-    return Record(shard.path, position, shard.input_index, error=(reason, message), raw=raw)
+    return Record(shard.path, position, shard.input_index, error=Drop(reason, message), raw=raw)
 
 
 def _raw(data: bytes, truncated: bool = False) -> str:
@@ -513,7 +152,7 @@ def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterat
     size = 0
     blank = True
     start = cursor.position = offset
-    while block := stream.read1(_BLOCK):  # read1: a later failure keeps what came before
+    while block := stream.read1(BLOCK):  # read1: a later failure keeps what came before
         if start == 0 and size == 0:  # the first block: look for a BOM, however it was cut
             block += stream.read(max(0, len(_BOM) - len(block)))
             if block.startswith(_BOM):
@@ -603,7 +242,7 @@ def _text_value(shard: ShardSpec, line: _Line, limit: int) -> Record | str:
 
 
 def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, _ = _first_lines(shard, stream, cursor, limit)
         for line in lines:
             if shard.end is not None and line.offset >= shard.end:
@@ -660,7 +299,7 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
 
 
 def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, _ = _first_lines(shard, stream, cursor, limit)
         for line in lines:
             if shard.end is not None and line.offset >= shard.end:
@@ -709,7 +348,7 @@ def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
     range that starts mid-file that means looking at the whole line before the first full line,
     which may begin before ``start``; otherwise two readers could disagree about a boundary.
     """
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         lines, after_blank = _first_lines(shard, stream, cursor, limit)
         paragraph: _Paragraph | None = None
         for line in lines:
@@ -731,7 +370,7 @@ def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
 
 
 def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         data = stream.read(limit + 1)
     if len(data) > limit:
         message = f"file exceeds {limit_option(limit)}"
@@ -767,7 +406,7 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
     that does not parse is one ``malformed_json`` record: a partial prefix would be misleading.
     An empty or all-whitespace file holds no records.
     """
-    with _open(shard.path) as stream:
+    with open_input(shard.path) as stream:
         data = stream.read()
     try:
         text = data.decode("utf-8-sig")
@@ -820,7 +459,7 @@ class _CsvLines:
         if self._size > self._limit:
             self._row = [("".join(self._row) + line)[:RAW_CAP_BYTES]]
             while line and not line.endswith(("\n", "\r")):
-                line = self._text.readline(_BLOCK)
+                line = self._text.readline(BLOCK)
                 self._size += len(line)
             raise _RowTooLarge(f"row of {self._size}+ characters exceeds "
                                f"{limit_option(self._limit)}")
@@ -846,8 +485,8 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
     """
     # The csv module caps fields at 128 KiB process-wide; documents in CSV can be longer.
     csv.field_size_limit(max(csv.field_size_limit(), limit))
-    tsv = _uncompressed_name(shard.path).endswith(".tsv")
-    with _open(shard.path) as stream:
+    tsv = uncompressed_name(shard.path).endswith(".tsv")
+    with open_input(shard.path) as stream:
         text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
         lines = _CsvLines(text, limit)
         reader = csv.reader(lines, csv.excel_tab if tsv else csv.excel)
@@ -856,29 +495,30 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
         while True:
             cursor.position = index
             row: list[str] | None = None
-            error: tuple[str, str] | None = None
+            error: Drop | None = None
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                error = (MALFORMED_CSV, f"csv: {exc}")
+                error = Drop(MALFORMED_CSV, f"csv: {exc}")
             except _RowTooLarge as exc:
-                error = (RECORD_TOO_LARGE, str(exc))
+                error = Drop(RECORD_TOO_LARGE, str(exc))
             raw, size = lines.take()
             raw = raw.rstrip("\r\n")
             if row == []:
                 continue  # a blank line
             if error is None and not _is_utf8(raw):
-                error = (INVALID_UTF8, "row contains bytes that are not UTF-8")
+                error = Drop(INVALID_UTF8, "row contains bytes that are not UTF-8")
             if header is None:
                 if error is not None:
-                    yield _failed(shard, 0, error[0], f"header: {error[1]}", _raw_text(raw)), size
+                    message = f"header: {error.message}"
+                    yield _failed(shard, 0, error.reason, message, _raw_text(raw)), size
                     return
                 header = row
                 continue
             if error is None and len(row) != len(header):
-                error = (MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
+                error = Drop(MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
             if error is None:
                 yield (
                     Record(
@@ -888,8 +528,8 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                 )
             else:
                 data = raw.encode("utf-8", "surrogateescape")
-                raw = _raw(data, truncated=error[0] == RECORD_TOO_LARGE)
-                yield _failed(shard, index, error[0], error[1], raw), size
+                raw = _raw(data, truncated=error.reason == RECORD_TOO_LARGE)
+                yield _failed(shard, index, error.reason, error.message, raw), size
             index += 1
 
 
