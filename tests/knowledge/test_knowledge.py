@@ -29,7 +29,8 @@ from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import STATS
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.io.readers import parse_input_spec, plan_shards, read_shard
-from transforms.knowledge.branch import RawTextEncoder, TokenizeDocuments, raw_text_encoder
+from transforms.knowledge.branch import TokenizeDocuments
+from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions
 from transforms.knowledge.quality import quality_reason

@@ -12,10 +12,9 @@ from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.knowledge import branch as knowledge
 from transforms.knowledge.branch import (
     FilterQuality,
-    RawTextEncoder,
     TokenizeDocuments,
-    raw_text_encoder,
 )
+from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.quality import QualityConfig, text_hash
 from transforms.knowledge.token_cache import (
     cache_path,

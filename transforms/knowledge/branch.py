@@ -27,7 +27,6 @@ tokenizing, and the main pass reads verdicts and ids instead of computing them a
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -35,12 +34,9 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerFast
 
 from transforms.classify import classify
 from transforms.core.chunks import Chunk
-from transforms.core.fast_encoder import fast_raw_encoder
 from transforms.core.lengths import length_buckets, source_length_counts
 from transforms.core.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
 from transforms.core.records import (
@@ -66,7 +62,7 @@ from transforms.core.steps import (
     apply_step,
     output_kind,
 )
-from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id, private_backend
+from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id
 from transforms.core.vocabulary import (
     EMPTY_AFTER_NORMALIZATION,
     FILTERED,
@@ -92,6 +88,7 @@ from transforms.knowledge.dedup import (
     file_numbering,
     record_key,
 )
+from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
 from transforms.knowledge.options import KnowledgeConfig
 from transforms.knowledge.quality import (
@@ -348,50 +345,6 @@ class FindDuplicateDocuments(beam.PTransform):
 
 
 # --------------------------------------------------------------------------- tokens and blocks
-
-
-class RawTextEncoder:
-    """Batch encoding of raw documents with the tokenizer's own special-token policy.
-
-    Literal control-token strings (``<|im_start|>`` in a web page) stay plain text, like
-    ``split_special_tokens=True``; the flag is set on a private copy of the backend, because the
-    shared tokenizer serves the instruction branch, which needs them parsed. The tokenizer adds
-    its BOS where its family uses one; an end-of-text it appends itself is removed, since
-    ``ConcatenateBlocks`` ends every document with exactly one.
-
-    For the offline default tokenizer, proven by ``fast_raw_encoder``, tiktoken encodes with the
-    same ids several times faster, and the private backend is only made if a text needs it.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerFast):
-        self.shared_backend = tokenizer.backend_tokenizer
-        self.fast = fast_raw_encoder(self.shared_backend, self._encode_with_backend)
-        self.end = None
-        if self.fast is None:
-            probe = self.backend.encode("a", add_special_tokens=True).ids
-            self.end = -1 if probe and probe[-1] == end_of_text_id(tokenizer) else None
-
-    @functools.cached_property
-    def backend(self) -> Tokenizer:
-        return private_backend(self.shared_backend, encode_special_tokens=True)
-
-    def _encode_with_backend(self, text: str) -> list[int]:
-        return self.backend.encode_batch_fast([text], add_special_tokens=True)[0].ids
-
-    def encode(self, texts: list[str], parallel: bool = True) -> tuple[np.ndarray, ...]:
-        """Ids per text; ``parallel=False`` keeps tiktoken on the calling thread (a caller
-        that runs beside busy Python on the main thread should take one core, not all)."""
-        if self.fast is not None:
-            return self.fast.encode_arrays(texts, parallel)
-        encodings = self.backend.encode_batch_fast(texts, add_special_tokens=True)
-        return tuple(np.asarray(encoding.ids[:self.end], dtype=np.int32)
-                     for encoding in encodings)
-
-
-@functools.cache
-def raw_text_encoder(tokenizer: str) -> RawTextEncoder:
-    """One encoder per process and tokenizer, like ``load_tokenizer``."""
-    return RawTextEncoder(load_tokenizer(tokenizer))
 
 
 @dataclasses.dataclass(frozen=True)
