@@ -13,6 +13,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA, require_shared_data
+from tests.knowledge.dedup_reference import candidate_pairs, resolve_duplicates
 from transforms.core.records import Record
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.core.vocabulary import (
@@ -32,12 +33,9 @@ from transforms.knowledge.dedup import (
     MinHasher,
     band_keys,
     band_rows_by_bucket,
-    candidate_pairs,
-    content_hash,
     document_keys,
     file_numbering,
     packed_candidate_pairs_in_bucket,
-    resolve_duplicates,
     shingles,
     similarity,
     unpack_pair,
@@ -45,7 +43,7 @@ from transforms.knowledge.dedup import (
 )
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import TextStats
+from transforms.knowledge.quality import TextStats, text_hash
 
 require_shared_data()
 
@@ -117,8 +115,8 @@ def test_signatures_estimate_the_jaccard_similarity_of_real_shingle_sets(length,
 
 def test_exact_keys_hash_the_normalised_text():
     text = c4_texts()[0]
-    assert content_hash(text) == content_hash(normalize_text(text + "\r\n\r\n\r\n"))
-    assert content_hash(text) != content_hash(text + ".")
+    assert text_hash(text) == text_hash(normalize_text(text + "\r\n\r\n\r\n"))
+    assert text_hash(text) != text_hash(text + ".")
     assert keys_of((0, 0, 0), text, None).bands == ()
 
 
@@ -290,7 +288,7 @@ def test_a_chunks_decisions_are_read_back_and_name_the_survivor(tmp_path):
     files = file_numbering(["/data/b.jsonl", "/data/a.jsonl", "/data/b.jsonl"])
     assert files == ("/data/a.jsonl", "/data/b.jsonl")
     numbers = {path: number for number, path in enumerate(files)}
-    copy = (1, 1, 40, 9, content_hash("text"))
+    copy = (1, 1, 40, 9, text_hash("text"))
     path = write_decisions((9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))]), str(tmp_path))
     found = ChunkDecisions.read(path)
     assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == (

@@ -186,11 +186,6 @@ class ChunkDecisions:
                         f"(input {index})")
 
 
-def content_hash(text: str) -> bytes:
-    """128-bit hash of the text: equal normalised texts, equal hashes (``TextStats.digest``)."""
-    return text_hash(text)
-
-
 def _stable_uint64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
@@ -281,48 +276,6 @@ def later_copies(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
     first, *others = sorted(nodes)
     for other in others:
         yield other, first
-
-
-def candidate_pairs(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
-    """Pairs to verify from one LSH bucket: its smallest member with each other member.
-
-    Exact copies share every bucket and are settled by the exact step, so only the first node
-    per content hash takes part. A member that is not similar to the smallest one may still meet
-    its near copies in another band.
-    """
-    _, members = group
-    first_by_content: dict[bytes, Node] = {}
-    for node in sorted(members):
-        first_by_content.setdefault(node[CONTENT], node)
-    first, *others = sorted(first_by_content.values())
-    for other in others:
-        yield first, other
-
-
-def resolve_duplicates(exact: Iterable[Pair],
-                       near: Iterable[Pair]) -> dict[Node, tuple[str, Node]]:
-    """The nodes to drop, each with its reason and the node that survives, on one machine:
-    the definition that ``ConnectedComponents`` computes through the shuffle (tests compare).
-
-    Verified near pairs are joined into clusters (union-find, the smallest node as root); every
-    member but the root is a near copy. An exact copy names its group's first node, or the root
-    that node's cluster leads to.
-    """
-    parent: dict[Node, Node] = {}  # non-roots only
-
-    def root(node: Node) -> Node:
-        while node in parent:
-            node = parent[node]
-        return node
-
-    for a, b in near:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    drops = {node: (DUPLICATE_NEAR, root(node)) for node in list(parent)}
-    for copy, first in exact:
-        drops[copy] = (DUPLICATE_EXACT, root(first))
-    return drops
 
 
 # A node's state between rounds: (label, exact copy, label changed last round, neighbours).
@@ -546,10 +499,13 @@ def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
 
 
 def packed_candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
-    """``candidate_pairs`` of each band key in a bucket that more than one document shares,
-    each pair packed as ``_PAIR`` bytes (``unpack_pair``): a pair is found in every band its
-    members share, and ``Distinct`` holds up to 10^5 of them per bundle (the
-    SDK's combiner-lifting table), in 96 bytes each rather than as two Python nodes."""
+    """The pairs to verify of each band key in a bucket that more than one document shares:
+    its smallest member with each other member, one node per content hash (exact copies share
+    every band and are settled by the exact step; a member that is not similar to the smallest
+    one may still meet its near copies in another band). Each pair is packed as ``_PAIR`` bytes
+    (``unpack_pair``): a pair is found in every band its members share, and ``Distinct`` holds
+    up to 10^5 of them per bundle (the SDK's combiner-lifting table), in 96 bytes each rather
+    than as two Python nodes."""
     for firsts, others in _pair_rows(bucket):
         packed = np.empty(len(firsts), dtype=_PACKED_PAIR)
         packed["a_key"], packed["a_content"] = firsts["key"], firsts["content"]
