@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR
-from transforms.knowledge.dedup import CONTENT, Node, Pair
+from transforms.knowledge.dedup.components import Pair
+from transforms.knowledge.dedup.minhash import CONTENT, Node
 
 
 def candidate_pairs(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:

@@ -15,7 +15,7 @@ from transforms.core.steps import TailPlan
 from transforms.core.tokenizer import DEFAULT_TOKENIZER, end_of_text_id, load_tokenizer
 from transforms.core.vocabulary import FILTERED, TOO_FEW_WORDS
 from transforms.knowledge.branch import PRETRAIN, KnowledgeBranch, SecondRead
-from transforms.knowledge.dedup import DedupConfig
+from transforms.knowledge.dedup.config import DedupConfig
 from transforms.knowledge.options import KnowledgeConfig
 
 BLOCK = 256

@@ -21,25 +21,26 @@ from transforms.core.vocabulary import (
     DUPLICATE_NEAR,
 )
 from transforms.io.readers import parse_input_spec, plan_shards
-from transforms.knowledge import dedup
 from transforms.knowledge.branch import FindDuplicateDocuments
-from transforms.knowledge.dedup import (
-    CONTENT,
-    ChunkDecisions,
+from transforms.knowledge.dedup import components
+from transforms.knowledge.dedup.components import (
     ConnectedComponents,
-    DedupConfig,
-    DocumentKeys,
     FindDuplicates,
+    band_rows_by_bucket,
+    packed_candidate_pairs_in_bucket,
+    unpack_pair,
+)
+from transforms.knowledge.dedup.config import DedupConfig
+from transforms.knowledge.dedup.decisions import ChunkDecisions, write_decisions
+from transforms.knowledge.dedup.minhash import (
+    CONTENT,
+    DocumentKeys,
     MinHasher,
     band_keys,
-    band_rows_by_bucket,
     document_keys,
     file_numbering,
-    packed_candidate_pairs_in_bucket,
     shingles,
     similarity,
-    unpack_pair,
-    write_decisions,
 )
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig
@@ -192,8 +193,8 @@ def test_band_rows_sorted_a_slice_at_a_time_give_the_same_pairs(monkeypatch):
     expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
     bucket = (0, [blob for _, blob in band_rows_by_bucket(docs, 1)])
     assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
-    monkeypatch.setattr(dedup, "_SLICE_ROWS", 3)
-    monkeypatch.setattr(dedup, "_PAIR_BATCH", 2)
+    monkeypatch.setattr(components, "_SLICE_ROWS", 3)
+    monkeypatch.setattr(components, "_PAIR_BATCH", 2)
     assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
 
 

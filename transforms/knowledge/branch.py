@@ -75,15 +75,17 @@ from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
-from transforms.knowledge.dedup import (
+from transforms.knowledge.dedup.components import FindDuplicates
+from transforms.knowledge.dedup.decisions import (
     DECISIONS,
     ChunkDecisions,
-    DocumentKeys,
-    FindDuplicates,
-    MinHasher,
     WriteDecisions,
-    chunk_number,
     decisions_path,
+)
+from transforms.knowledge.dedup.minhash import (
+    DocumentKeys,
+    MinHasher,
+    chunk_number,
     document_keys,
     file_numbering,
     record_key,
