@@ -9,11 +9,9 @@ from beam_pipeline.pipeline import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
-from transforms.knowledge import branch as knowledge
-from transforms.knowledge.branch import (
-    FilterQuality,
-    TokenizeDocuments,
-)
+from transforms.knowledge import branch, documents
+from transforms.knowledge.branch import TokenizeDocuments
+from transforms.knowledge.documents import FilterQuality
 from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.quality import QualityConfig, text_hash
 from transforms.knowledge.token_cache import (
@@ -100,8 +98,8 @@ def encode_calls(monkeypatch):
 def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_are_unchanged(
         tmp_path, encode_calls, monkeypatch):
     judged = []
-    first_failure = knowledge.first_failure
-    monkeypatch.setattr(knowledge, "first_failure",
+    first_failure = documents.first_failure
+    monkeypatch.setattr(documents, "first_failure",
                         lambda stats, config: judged.append(1) or first_failure(stats, config))
     rows = _run(tmp_path / "cached")
     # Only the first pass encoded (on its one background thread) and judged.
@@ -110,8 +108,8 @@ def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_ar
     in_first_pass = len(judged)
     encode_calls.clear()
     judged.clear()
-    monkeypatch.setattr(knowledge, "read_tokens", lambda path: {})  # no file found
-    monkeypatch.setattr(knowledge, "read_verdicts", lambda path: {})
+    monkeypatch.setattr(branch, "read_tokens", lambda path: {})  # no file found
+    monkeypatch.setattr(documents, "read_verdicts", lambda path: {})
     assert _run(tmp_path / "uncached").equals(rows)
     assert any(parallel for _, parallel in encode_calls)  # the main pass encoded
     assert len(judged) == 2 * in_first_pass > 0  # and judged every document again
