@@ -70,10 +70,8 @@ from transforms.io.writers import (
     check_output_dir,
     shard_of,
 )
-from transforms.knowledge.branch import (
-    KnowledgeBranch,
-    SecondRead,
-)
+from transforms.knowledge.branch import KnowledgeBranch
+from transforms.knowledge.dedup.first_pass import SecondRead
 
 LOG = logging.getLogger("beam_pipeline")
 MIB = 1024 * 1024

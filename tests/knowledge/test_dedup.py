@@ -21,7 +21,6 @@ from transforms.core.vocabulary import (
     DUPLICATE_NEAR,
 )
 from transforms.io.readers import parse_input_spec, plan_shards
-from transforms.knowledge.branch import FindDuplicateDocuments
 from transforms.knowledge.dedup import components
 from transforms.knowledge.dedup.components import (
     ConnectedComponents,
@@ -32,6 +31,7 @@ from transforms.knowledge.dedup.components import (
 )
 from transforms.knowledge.dedup.config import DedupConfig
 from transforms.knowledge.dedup.decisions import ChunkDecisions, write_decisions
+from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments
 from transforms.knowledge.dedup.minhash import (
     CONTENT,
     DocumentKeys,

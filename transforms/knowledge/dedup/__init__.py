@@ -15,5 +15,6 @@ The surviving copy is always the one with the smallest record key (input index, 
 position), whatever the runner, worker count or bundle boundaries.
 
 ``minhash``: the document keys; ``components``: the shuffle that finds and resolves copies;
-``decisions``: the per-chunk decision files; ``config``: the options.
+``decisions``: the per-chunk decision files; ``first_pass``: pass one's read of the inputs and
+its keys; ``config``: the options.
 """
