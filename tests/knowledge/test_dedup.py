@@ -19,6 +19,7 @@ from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
+    Drop,
 )
 from transforms.io.readers import parse_input_spec, plan_shards
 from transforms.knowledge.dedup import components
@@ -292,7 +293,7 @@ def test_a_chunks_decisions_are_read_back_and_name_the_survivor(tmp_path):
     copy = (1, 1, 40, 9, text_hash("text"))
     path = write_decisions((9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))]), str(tmp_path))
     found = ChunkDecisions.read(path)
-    assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == (
+    assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == Drop(
         DUPLICATE_NEAR, "copy of the document at position 7 of /data/a.jsonl (input 0)")
     assert found.verdict(Record("/data/a.jsonl", 40, 1, "text"), files, numbers) is None
     # a stale decision (made for another text at that place) drops nothing

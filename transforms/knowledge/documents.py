@@ -10,7 +10,7 @@ from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
 from transforms.core.steps import ChunkStep
-from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED
+from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, Drop
 from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
 from transforms.knowledge.dedup.minhash import chunk_number
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
@@ -31,14 +31,13 @@ class DocumentStep(ChunkStep):
             if isinstance(verdict, Record):
                 kept.append(verdict)
             else:
-                reason, message = verdict
-                self.drop(Rejection.of(record, reason, message), kind=FILTERED)
-                self.count(f"knowledge.dropped.{reason}")
+                self.drop(Rejection.of(record, verdict.reason, verdict.message), kind=FILTERED)
+                self.count(f"knowledge.dropped.{verdict.reason}")
         if kept:
             yield RecordChunk(chunk.chunk_id, tuple(kept))
 
-    def judge(self, record: Record) -> Record | tuple[str, str]:
-        """The record to keep (possibly rewritten) or (reason code, message) to drop it."""
+    def judge(self, record: Record) -> Record | Drop:
+        """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
         raise NotImplementedError
 
 
@@ -48,10 +47,10 @@ class NormalizeDocuments(DocumentStep):
     def __init__(self, config: NormalizeConfig):
         self.config = config
 
-    def judge(self, record: Record) -> Record | tuple[str, str]:
+    def judge(self, record: Record) -> Record | Drop:
         text = normalize_text(record.value, self.config)
         if not text:
-            return EMPTY_AFTER_NORMALIZATION, "no text left after normalisation"
+            return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
         return dataclasses.replace(record, value=text)
 
 
@@ -76,9 +75,9 @@ class FilterQuality(DocumentStep):
         reason = self.known.get(stats.digest, _UNKNOWN)
         return first_failure(stats, self.config) if reason is _UNKNOWN else reason
 
-    def judge(self, record: Record) -> Record | tuple[str, str]:
+    def judge(self, record: Record) -> Record | Drop:
         reason = self.verdict(TextStats(record.value))
-        return record if reason is None else (reason, describe(reason, self.config))
+        return record if reason is None else Drop(reason, describe(reason, self.config))
 
 
 def document_steps(config: KnowledgeConfig, token_cache: str | None = None
@@ -118,5 +117,5 @@ class DropDuplicates(DocumentStep):
                       if written else ChunkDecisions({}))
         yield from super().process(chunk)
 
-    def judge(self, record: Record) -> Record | tuple[str, str]:
+    def judge(self, record: Record) -> Record | Drop:
         return self.found.verdict(record, self.files, self.file_numbers) or record

@@ -11,6 +11,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import Record
+from transforms.core.vocabulary import Drop
 from transforms.io.writers import read_arrow, write_arrow
 from transforms.knowledge.dedup.components import Decision
 from transforms.knowledge.dedup.minhash import CHUNK, CONTENT, RecordKey, record_key
@@ -73,12 +74,12 @@ class ChunkDecisions:
             (row["kept_input"], row["kept_file"], row["kept_position"])) for row in rows})
 
     def verdict(self, record: Record, files: Sequence[str],
-                file_numbers: Mapping[str, int]) -> tuple[str, str] | None:
-        """(reason, message naming the surviving copy) for a record to drop, else None. A
+                file_numbers: Mapping[str, int]) -> Drop | None:
+        """The ``Drop`` of a record to drop (its message names the surviving copy), else None. A
         decision counts only for the text it was made for, so a stale file drops nothing."""
         found = self.drops.get(record_key(record, file_numbers))
         if found is None or found[0] != text_hash(record.value):
             return None
         _, reason, (index, number, position) = found
-        return reason, (f"copy of the document at position {position} of {files[number]} "
-                        f"(input {index})")
+        return Drop(reason, f"copy of the document at position {position} of {files[number]} "
+                            f"(input {index})")
