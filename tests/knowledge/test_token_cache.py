@@ -52,10 +52,8 @@ def test_the_main_pass_takes_cached_verdicts_by_hash_and_judges_the_rest(tmp_pat
     chunk = RecordChunk("c0", (Record("s", 0, 0, good), Record("s", 1, 0, "two words")))
     outputs = list(step.process(chunk))
     assert not [o for o in outputs if isinstance(o, RecordChunk)]  # both dropped
-    reasons = step.known
-    assert reasons == {text_hash(good): "bullet_lines"}
-    step.known = {}
-    assert step.judge(Record("s", 0, 0, good)) == Record("s", 0, 0, good)  # judged afresh
+    assert step.known(chunk) == {text_hash(good): "bullet_lines"}
+    assert step.judge(Record("s", 0, 0, good), {}) == Record("s", 0, 0, good)  # judged afresh
 
 
 def test_the_main_pass_takes_cached_ids_by_hash_and_encodes_the_rest(tmp_path):

@@ -5,7 +5,7 @@ because both passes judge by them: the main pass as steps, deduplication's first
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
@@ -24,10 +24,11 @@ _UNKNOWN = object()  # no verdict from the first pass
 class DocumentStep(ChunkStep):
     """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
 
-    def run(self, chunk: RecordChunk) -> Iterator[RecordChunk]:
+    def run(self, chunk: RecordChunk, *side_inputs: Any) -> Iterator[RecordChunk]:
+        known = self.known(chunk, *side_inputs)
         kept = []
         for record in chunk.records:
-            verdict = self.judge(record)
+            verdict = self.judge(record, known)
             if isinstance(verdict, Record):
                 kept.append(verdict)
             else:
@@ -36,7 +37,12 @@ class DocumentStep(ChunkStep):
         if kept:
             yield RecordChunk(chunk.chunk_id, tuple(kept))
 
-    def judge(self, record: Record) -> Record | Drop:
+    def known(self, chunk: RecordChunk, *side_inputs: Any) -> Any:
+        """What the step knows of a chunk before it judges its documents (what deduplication's
+        first pass left for it), handed to each ``judge`` of the chunk; None by default."""
+        return None
+
+    def judge(self, record: Record, known: Any) -> Record | Drop:
         """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
         raise NotImplementedError
 
@@ -47,7 +53,7 @@ class NormalizeDocuments(DocumentStep):
     def __init__(self, config: NormalizeConfig):
         self.config = config
 
-    def judge(self, record: Record) -> Record | Drop:
+    def judge(self, record: Record, known: None) -> Record | Drop:
         text = normalize_text(record.value, self.config)
         if not text:
             return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
@@ -63,20 +69,20 @@ class FilterQuality(DocumentStep):
     def __init__(self, config: QualityConfig, token_cache: str | None = None):
         self.config = config
         self.token_cache = token_cache
-        self.known: dict[bytes, str | None] = {}  # verdicts the first pass left for this chunk
 
-    def process(self, chunk: RecordChunk) -> Iterator[Any]:
-        self.known = (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
-                      if self.token_cache is not None else {})
-        yield from super().process(chunk)
+    def known(self, chunk: RecordChunk) -> dict[bytes, str | None]:
+        """The verdicts the first pass left for this chunk, by text hash."""
+        return (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
+                if self.token_cache is not None else {})
 
-    def verdict(self, stats: TextStats) -> str | None:
-        """The first rule the document fails (a reason code), or None to keep it."""
-        reason = self.known.get(stats.digest, _UNKNOWN)
+    def verdict(self, stats: TextStats, known: Mapping[bytes, str | None]) -> str | None:
+        """The first rule the document fails (a reason code), or None to keep it; a verdict in
+        ``known`` is taken from there."""
+        reason = known.get(stats.digest, _UNKNOWN)
         return first_failure(stats, self.config) if reason is _UNKNOWN else reason
 
-    def judge(self, record: Record) -> Record | Drop:
-        reason = self.verdict(TextStats(record.value))
+    def judge(self, record: Record, known: Mapping[bytes, str | None]) -> Record | Drop:
+        reason = self.verdict(TextStats(record.value), known)
         return record if reason is None else Drop(reason, describe(reason, self.config))
 
 
@@ -111,11 +117,10 @@ class DropDuplicates(DocumentStep):
     def setup(self) -> None:
         self.file_numbers = {path: number for number, path in enumerate(self.files)}
 
-    def process(self, chunk: RecordChunk, written: int) -> Iterator[Any]:
-        self.found = (ChunkDecisions.read(decisions_path(self.decisions,
-                                                         chunk_number(chunk.chunk_id)))
-                      if written else ChunkDecisions({}))
-        yield from super().process(chunk)
+    def known(self, chunk: RecordChunk, written: int) -> ChunkDecisions:
+        """The chunk's decisions (none when no decision file was written)."""
+        return (ChunkDecisions.read(decisions_path(self.decisions, chunk_number(chunk.chunk_id)))
+                if written else ChunkDecisions({}))
 
-    def judge(self, record: Record) -> Record | Drop:
-        return self.found.verdict(record, self.files, self.file_numbers) or record
+    def judge(self, record: Record, known: ChunkDecisions) -> Record | Drop:
+        return known.verdict(record, self.files, self.file_numbers) or record

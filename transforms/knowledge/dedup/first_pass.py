@@ -82,10 +82,11 @@ class KeyDocuments(BackgroundWriter):
             return None
         record = routed[1]
         for step in self.steps:
+            # Nothing is known of a chunk before this pass: it is the one that writes the cache.
             if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
                 stats = TextStats(record.value)
-                return stats, step.verdict(stats)
-            judged = step.judge(record)
+                return stats, step.verdict(stats, {})
+            judged = step.judge(record, None)
             if not isinstance(judged, Record):
                 return None
             record = judged
