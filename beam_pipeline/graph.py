@@ -28,7 +28,8 @@ from transforms.io.writers import (
     WriteOutputs,
     shard_of,
 )
-from transforms.knowledge.branch import KnowledgeBranch, SecondRead
+from transforms.knowledge.branch import KnowledgeBranch
+from transforms.knowledge.dedup.first_pass import SecondRead
 
 MIB = 1024 * 1024
 TAILS_DIR = "tails"  # under the staging directory

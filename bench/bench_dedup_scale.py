@@ -61,13 +61,9 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from bench.spilled_shuffle import spill_shuffles
 from transforms.core.steps import METRICS_NAMESPACE
-from transforms.knowledge.dedup import (
-    MAX_ROUNDS,
-    DedupConfig,
-    DocumentKeys,
-    FindDuplicates,
-    band_keys,
-)
+from transforms.knowledge.dedup.components import FindDuplicates
+from transforms.knowledge.dedup.config import MAX_ROUNDS, DedupConfig
+from transforms.knowledge.dedup.minhash import DocumentKeys, band_keys
 
 CHUNK = 4096
 GIANT = 100_000  # members of the giant cluster: a template and its copies

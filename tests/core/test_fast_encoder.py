@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tests.conftest import other_shared_texts, pretrain_documents
 from transforms.core import fast_encoder as fe
 from transforms.core import tokenizer as tk
-from transforms.knowledge.branch import RawTextEncoder
+from transforms.knowledge.encoding import RawTextEncoder
 
 pytest.importorskip("tiktoken")
 

@@ -14,8 +14,9 @@ from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import TailPlan
 from transforms.core.tokenizer import DEFAULT_TOKENIZER, end_of_text_id, load_tokenizer
 from transforms.core.vocabulary import FILTERED, TOO_FEW_WORDS
-from transforms.knowledge.branch import PRETRAIN, KnowledgeBranch, SecondRead
-from transforms.knowledge.dedup import DedupConfig
+from transforms.knowledge.branch import PRETRAIN, KnowledgeBranch
+from transforms.knowledge.dedup.config import DedupConfig
+from transforms.knowledge.dedup.first_pass import SecondRead
 from transforms.knowledge.options import KnowledgeConfig
 
 BLOCK = 256

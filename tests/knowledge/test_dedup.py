@@ -13,40 +13,40 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA, require_shared_data
+from tests.knowledge.dedup_reference import candidate_pairs, resolve_duplicates
 from transforms.core.records import Record
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
+    Drop,
 )
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_shards
-from transforms.knowledge import dedup
-from transforms.knowledge.branch import FindDuplicateDocuments
-from transforms.knowledge.dedup import (
-    CONTENT,
-    ChunkDecisions,
+from transforms.knowledge.dedup import components
+from transforms.knowledge.dedup.components import (
     ConnectedComponents,
-    DedupConfig,
-    DocumentKeys,
     FindDuplicates,
+    band_rows_by_bucket,
+    packed_candidate_pairs_in_bucket,
+    unpack_pair,
+)
+from transforms.knowledge.dedup.config import DedupConfig
+from transforms.knowledge.dedup.decisions import ChunkDecisions, write_decisions
+from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments
+from transforms.knowledge.dedup.minhash import (
+    CONTENT,
+    DocumentKeys,
     MinHasher,
     band_keys,
-    band_rows_by_bucket,
-    candidate_pairs,
-    content_hash,
     document_keys,
     file_numbering,
-    packed_candidate_pairs_in_bucket,
-    resolve_duplicates,
     shingles,
     similarity,
-    unpack_pair,
-    write_decisions,
 )
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import TextStats
+from transforms.knowledge.quality import TextStats, text_hash
 
 require_shared_data()
 
@@ -118,8 +118,8 @@ def test_signatures_estimate_the_jaccard_similarity_of_real_shingle_sets(length,
 
 def test_exact_keys_hash_the_normalised_text():
     text = c4_texts()[0]
-    assert content_hash(text) == content_hash(normalize_text(text + "\r\n\r\n\r\n"))
-    assert content_hash(text) != content_hash(text + ".")
+    assert text_hash(text) == text_hash(normalize_text(text + "\r\n\r\n\r\n"))
+    assert text_hash(text) != text_hash(text + ".")
     assert keys_of((0, 0, 0), text, None).bands == ()
 
 
@@ -195,8 +195,8 @@ def test_band_rows_sorted_a_slice_at_a_time_give_the_same_pairs(monkeypatch):
     expected = sorted(pair for group in plain.items() for pair in candidate_pairs(group))
     bucket = (0, [blob for _, blob in band_rows_by_bucket(docs, 1)])
     assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
-    monkeypatch.setattr(dedup, "_SLICE_ROWS", 3)
-    monkeypatch.setattr(dedup, "_PAIR_BATCH", 2)
+    monkeypatch.setattr(components, "_SLICE_ROWS", 3)
+    monkeypatch.setattr(components, "_PAIR_BATCH", 2)
     assert sorted(map(unpack_pair, packed_candidate_pairs_in_bucket(bucket))) == expected
 
 
@@ -291,10 +291,10 @@ def test_a_chunks_decisions_are_read_back_and_name_the_survivor(tmp_path):
     files = file_numbering(["/data/b.jsonl", "/data/a.jsonl", "/data/b.jsonl"])
     assert files == ("/data/a.jsonl", "/data/b.jsonl")
     numbers = {path: number for number, path in enumerate(files)}
-    copy = (1, 1, 40, 9, content_hash("text"))
+    copy = (1, 1, 40, 9, text_hash("text"))
     path = write_decisions((9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))]), str(tmp_path))
     found = ChunkDecisions.read(path)
-    assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == (
+    assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == Drop(
         DUPLICATE_NEAR, "copy of the document at position 7 of /data/a.jsonl (input 0)")
     assert found.verdict(Record("/data/a.jsonl", 40, 1, "text"), files, numbers) is None
     # a stale decision (made for another text at that place) drops nothing

@@ -23,7 +23,7 @@ from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, TEST_DATA, require_shared_data
 from tests.knowledge.test_dedup import edited, restyled
 from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR
-from transforms.knowledge.dedup import MODES
+from transforms.knowledge.dedup.config import MODES
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.quality import quality_reason
 

@@ -31,7 +31,8 @@ from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_shards
 from transforms.io.read_formats import read_shard
-from transforms.knowledge.branch import RawTextEncoder, TokenizeDocuments, raw_text_encoder
+from transforms.knowledge.branch import TokenizeDocuments
+from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions
 from transforms.knowledge.quality import quality_reason

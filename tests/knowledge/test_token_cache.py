@@ -9,13 +9,10 @@ from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
-from transforms.knowledge import branch as knowledge
-from transforms.knowledge.branch import (
-    FilterQuality,
-    RawTextEncoder,
-    TokenizeDocuments,
-    raw_text_encoder,
-)
+from transforms.knowledge import branch, documents
+from transforms.knowledge.branch import TokenizeDocuments
+from transforms.knowledge.documents import FilterQuality
+from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.quality import QualityConfig, text_hash
 from transforms.knowledge.token_cache import (
     cache_path,
@@ -55,10 +52,8 @@ def test_the_main_pass_takes_cached_verdicts_by_hash_and_judges_the_rest(tmp_pat
     chunk = RecordChunk("c0", (Record("s", 0, 0, good), Record("s", 1, 0, "two words")))
     outputs = list(step.process(chunk))
     assert not [o for o in outputs if isinstance(o, RecordChunk)]  # both dropped
-    reasons = step.known
-    assert reasons == {text_hash(good): "bullet_lines"}
-    step.known = {}
-    assert step.judge(Record("s", 0, 0, good)) == Record("s", 0, 0, good)  # judged afresh
+    assert step.known(chunk) == {text_hash(good): "bullet_lines"}
+    assert step.judge(Record("s", 0, 0, good), {}) == Record("s", 0, 0, good)  # judged afresh
 
 
 def test_the_main_pass_takes_cached_ids_by_hash_and_encodes_the_rest(tmp_path):
@@ -101,8 +96,8 @@ def encode_calls(monkeypatch):
 def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_are_unchanged(
         tmp_path, encode_calls, monkeypatch):
     judged = []
-    first_failure = knowledge.first_failure
-    monkeypatch.setattr(knowledge, "first_failure",
+    first_failure = documents.first_failure
+    monkeypatch.setattr(documents, "first_failure",
                         lambda stats, config: judged.append(1) or first_failure(stats, config))
     rows = _run(tmp_path / "cached")
     # Only the first pass encoded (on its one background thread) and judged.
@@ -111,8 +106,8 @@ def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_ar
     in_first_pass = len(judged)
     encode_calls.clear()
     judged.clear()
-    monkeypatch.setattr(knowledge, "read_tokens", lambda path: {})  # no file found
-    monkeypatch.setattr(knowledge, "read_verdicts", lambda path: {})
+    monkeypatch.setattr(branch, "read_tokens", lambda path: {})  # no file found
+    monkeypatch.setattr(documents, "read_verdicts", lambda path: {})
     assert _run(tmp_path / "uncached").equals(rows)
     assert any(parallel for _, parallel in encode_calls)  # the main pass encoded
     assert len(judged) == 2 * in_first_pass > 0  # and judged every document again

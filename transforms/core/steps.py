@@ -84,18 +84,24 @@ def rejections_table(rejections: Iterable[Rejection]) -> pa.Table:
 
 
 class ChunkStep(beam.DoFn):
-    """Base class: subclasses implement ``run`` and call ``drop``/``count`` while they work."""
+    """Base class: subclasses implement ``run`` and call ``drop``/``count`` while they work.
+
+    The values of the step's side inputs (``apply_step``) are passed on to ``run`` with each
+    chunk: what a step reads per chunk is state of the call, not of the step, which a runner
+    reuses across bundles.
+    """
 
     step_name = "step"
     chunk_tags: tuple[str, ...] = ()  # extra outputs that are chunks too (see apply_step)
 
-    def process(self, chunk: Any) -> Iterator[Any]:
+    # ``side_inputs`` has no hint: Beam would check one against a step applied without any.
+    def process(self, chunk: Any, *side_inputs) -> Iterator[Any]:
         self._dropped: dict[str, list[Rejection]] = collections.defaultdict(list)
         self._stats: collections.Counter = collections.Counter()
         self._samples: dict[str, list] = collections.defaultdict(list)
         chunk_id = chunk.chunk_id
         self._prefix = f"{VALIDATION}." if is_validation(chunk_id) else ""
-        yield from self.run(chunk)
+        yield from self.run(chunk, *side_inputs)
         for kind, rejections in sorted(self._dropped.items()):
             for rejection in rejections:
                 self._stats[f"{kind}.{rejection.reason}"] += 1
@@ -109,7 +115,7 @@ class ChunkStep(beam.DoFn):
         if self._stats:
             yield beam.pvalue.TaggedOutput(STATS, self._stats)
 
-    def run(self, chunk: Any) -> Iterator[Any]:
+    def run(self, chunk: Any, *side_inputs: Any) -> Iterator[Any]:
         raise NotImplementedError
 
     def drop(self, rejection: Rejection, kind: str = REJECTED) -> None:

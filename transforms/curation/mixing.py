@@ -135,11 +135,7 @@ class MixChunk(ChunkStep):
         self.config = config
         self.unselected_counter = unselected_counter
 
-    def process(self, chunk: Any, plan: Mapping[str, SourcePlan]) -> Iterator[Any]:
-        self.plan = plan
-        yield from super().process(chunk)
-
-    def run(self, chunk: Any) -> Iterator[Any]:
+    def run(self, chunk: Any, plans: Mapping[str, SourcePlan]) -> Iterator[Any]:
         if is_validation(chunk.chunk_id):
             yield chunk
             return
@@ -150,7 +146,7 @@ class MixChunk(ChunkStep):
         totals: collections.Counter = collections.Counter()
         for number, origin in enumerate(chunk.origins):
             source = names[origin[2]]
-            plan = self.plan[source]
+            plan = plans[source]
             copies[number] = plan.whole + int(buckets[number] < plan.extra_buckets)
             totals[f"{source}.records_in"] += 1
             totals[f"{source}.tokens_in"] += int(tokens[number])

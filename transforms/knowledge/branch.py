@@ -27,30 +27,17 @@ tokenizing, and the main pass reads verdicts and ids instead of computing them a
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerFast
 
-from transforms.classify import classify
 from transforms.core.chunks import Chunk
-from transforms.core.fast_encoder import fast_raw_encoder
 from transforms.core.lengths import length_buckets, source_length_counts
 from transforms.core.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
-from transforms.core.records import (
-    InputSpec,
-    Origin,
-    Record,
-    RecordChunk,
-    Rejection,
-    ShardSpec,
-)
+from transforms.core.records import Origin, RecordChunk
 from transforms.core.steps import (
     PARTS,
     TAILS,
@@ -66,332 +53,25 @@ from transforms.core.steps import (
     apply_step,
     output_kind,
 )
-from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id, private_backend
-from transforms.core.vocabulary import (
-    EMPTY_AFTER_NORMALIZATION,
-    FILTERED,
-    INSTRUCTION,
-    KNOWLEDGE,
-)
+from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id
+from transforms.core.vocabulary import KNOWLEDGE
 from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
-from transforms.io.read_inputs import ReadInputs
-from transforms.io.writers import BackgroundWriter
-from transforms.knowledge.dedup import (
-    DECISIONS,
-    ChunkDecisions,
-    DocumentKeys,
-    FindDuplicates,
-    MinHasher,
-    WriteDecisions,
-    chunk_number,
-    decisions_path,
-    document_keys,
-    file_numbering,
-    record_key,
-)
-from transforms.knowledge.normalize import NormalizeConfig, normalize_text
+from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments, SecondRead, dedup_shards
+from transforms.knowledge.dedup.minhash import file_numbering
+from transforms.knowledge.documents import DropDuplicates, document_steps
+from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import (
-    QualityConfig,
-    TextStats,
-    describe,
-    first_failure,
-)
-from transforms.knowledge.token_cache import (
-    cache_path,
-    lookup,
-    read_tokens,
-    read_verdicts,
-    write_chunk,
-)
+from transforms.knowledge.token_cache import cache_path, lookup, read_tokens
 
 PRETRAIN = "pretrain"
 LENGTH_RANGE = "length_range"
-TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
 UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept after all
-_UNKNOWN = object()  # no verdict from the first pass
-SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
-
-
-# --------------------------------------------------------------------------- document steps
-
-
-class DocumentStep(ChunkStep):
-    """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
-
-    def run(self, chunk: RecordChunk) -> Iterator[RecordChunk]:
-        kept = []
-        for record in chunk.records:
-            verdict = self.judge(record)
-            if isinstance(verdict, Record):
-                kept.append(verdict)
-            else:
-                reason, message = verdict
-                self.drop(Rejection.of(record, reason, message), kind=FILTERED)
-                self.count(f"knowledge.dropped.{reason}")
-        if kept:
-            yield RecordChunk(chunk.chunk_id, tuple(kept))
-
-    def judge(self, record: Record) -> Record | tuple[str, str]:
-        """The record to keep (possibly rewritten) or (reason code, message) to drop it."""
-        raise NotImplementedError
-
-
-class NormalizeDocuments(DocumentStep):
-    step_name = "normalize"
-
-    def __init__(self, config: NormalizeConfig):
-        self.config = config
-
-    def judge(self, record: Record) -> Record | tuple[str, str]:
-        text = normalize_text(record.value, self.config)
-        if not text:
-            return EMPTY_AFTER_NORMALIZATION, "no text left after normalisation"
-        return dataclasses.replace(record, value=text)
-
-
-class FilterQuality(DocumentStep):
-    """The quality rules; a verdict that deduplication's first pass left in ``token_cache``
-    is taken from there."""
-
-    step_name = "quality"
-
-    def __init__(self, config: QualityConfig, token_cache: str | None = None):
-        self.config = config
-        self.token_cache = token_cache
-        self.known: dict[bytes, str | None] = {}  # verdicts the first pass left for this chunk
-
-    def process(self, chunk: RecordChunk) -> Iterator[Any]:
-        self.known = (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
-                      if self.token_cache is not None else {})
-        yield from super().process(chunk)
-
-    def verdict(self, stats: TextStats) -> str | None:
-        """The first rule the document fails (a reason code), or None to keep it."""
-        reason = self.known.get(stats.digest, _UNKNOWN)
-        return first_failure(stats, self.config) if reason is _UNKNOWN else reason
-
-    def judge(self, record: Record) -> Record | tuple[str, str]:
-        reason = self.verdict(TextStats(record.value))
-        return record if reason is None else (reason, describe(reason, self.config))
-
-
-def document_steps(config: KnowledgeConfig, token_cache: str | None = None
-                   ) -> list[tuple[str, DocumentStep]]:
-    """The steps a knowledge document meets before deduplication, in order, with their labels.
-
-    The main pass applies them as steps; deduplication's first pass judges every document by the
-    same steps (``KeyDocuments``), so a step added here is taken by both.
-    """
-    steps: list[tuple[str, DocumentStep]] = []
-    if config.normalize is not None:
-        steps.append(("Normalize", NormalizeDocuments(config.normalize)))
-    if config.quality is not None:
-        steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
-    return steps
-
-
-class DropDuplicates(DocumentStep):
-    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file.
-
-    The side input is only the number of decision files written, so that the chunk is judged
-    after every file is there; each chunk reads its own file alone.
-    """
-
-    step_name = "dedup"
-
-    def __init__(self, files: Sequence[str], decisions: str):
-        self.files = tuple(files)
-        self.decisions = decisions
-
-    def setup(self) -> None:
-        self.file_numbers = {path: number for number, path in enumerate(self.files)}
-
-    def process(self, chunk: RecordChunk, written: int) -> Iterator[Any]:
-        self.found = (ChunkDecisions.read(decisions_path(self.decisions,
-                                                         chunk_number(chunk.chunk_id)))
-                      if written else ChunkDecisions({}))
-        yield from super().process(chunk)
-
-    def judge(self, record: Record) -> Record | tuple[str, str]:
-        return self.found.verdict(record, self.files, self.file_numbers) or record
-
-
-# --------------------------------------------------------------------------- deduplication
-
-
-class KeyDocuments(BackgroundWriter):
-    """Pass one of deduplication: the small keys of each document the main pass would keep.
-
-    It judges each record as the main pass does, by ``classify`` and the same document steps
-    (``document_steps``), but counts nothing: the main pass does that. With a
-    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
-    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
-    (``transforms.knowledge.token_cache``).
-    """
-
-    def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
-                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
-        self.specs = {spec.index: spec for spec in specs}
-        self.config = config
-        self.file_numbers = {path: number for number, path in enumerate(files)}
-        self.tokenizer = tokenizer
-        self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config)]
-
-    def setup(self) -> None:
-        super().setup()
-        dedup_config = self.config.dedup
-        self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
-
-    def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
-        judged = [(record, found) for record in chunk.records
-                  if (found := self.judge(record)) is not None]
-        kept = [(record, stats) for record, (stats, reason) in judged if reason is None]
-        if judged and self.token_cache is not None:
-            self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
-                       [stats.digest for _, (stats, _) in judged],
-                       [reason for _, (_, reason) in judged],
-                       [stats.text for _, stats in kept])
-        chunk = chunk_number(chunk.chunk_id)
-        keys = tuple(document_keys(record_key(record, self.file_numbers), chunk, stats,
-                                   self.config.dedup, self.hasher) for record, stats in kept)
-        if keys:
-            yield keys  # one element per chunk: a shuffled element costs more than its keys
-
-    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
-        """The normalised document and its quality verdict (a reason code, or None to keep
-        it); None for a record that is not a knowledge document the main pass would judge."""
-        routed = classify(record, self.specs[record.input_index])
-        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
-            return None
-        record = routed[1]
-        for step in self.steps:
-            if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
-                stats = TextStats(record.value)
-                return stats, step.verdict(stats)
-            judged = step.judge(record)
-            if not isinstance(judged, Record):
-                return None
-            record = judged
-        return TextStats(record.value), None
-
-    def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
-               texts: list[str]) -> None:
-        encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
-        write_chunk(path, digests, reasons, encoded)
-
-
-def key_buckets(shards: int) -> int:
-    """How many buckets deduplication's keys are grouped in (``FindDuplicates``)."""
-    return max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
-
-
-@dataclasses.dataclass(frozen=True)
-class SecondRead:
-    """What deduplication's first pass needs to read the inputs again, and the staging directory
-    where it leaves each document's quality verdict and token ids for the main pass."""
-
-    shards: tuple[ShardSpec, ...]
-    specs: tuple[InputSpec, ...]
-    chunk_records: int
-    max_record_bytes: int
-    staging_dir: str
-
-    @property
-    def token_cache(self) -> str:
-        return FileSystems.join(self.staging_dir, TOKEN_CACHE)
-
-    @property
-    def decisions(self) -> str:
-        return FileSystems.join(self.staging_dir, DECISIONS)
-
-
-def dedup_shards(shards: Sequence[ShardSpec], specs: Sequence[InputSpec]) -> list[ShardSpec]:
-    """The shards deduplication reads: those of inputs not declared ``branch=instruction``."""
-    instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
-    return [shard for shard in shards if shard.input_index not in instruction_only]
-
-
-class FindDuplicateDocuments(beam.PTransform):
-    """Pass one: reads the inputs again (those not declared ``branch=instruction``), writes the
-    drop decisions of each chunk that has any to its file under ``decisions``, and returns
-    those files' paths."""
-
-    def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
-                 chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
-                 tokenizer: str, decisions: str, token_cache: str | None = None):
-        super().__init__()
-        self.shards = dedup_shards(shards, specs)
-        self.specs = tuple(specs)
-        self.decisions = decisions
-        self.chunk_records = chunk_records
-        self.max_record_bytes = max_record_bytes
-        self.config = config
-        self.tokenizer = tokenizer
-        self.token_cache = token_cache
-
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        files = file_numbering(shard.path for shard in self.shards)
-        return (
-            pbegin
-            | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
-            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
-                                                        self.tokenizer, self.token_cache))
-            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
-                                                 key_buckets(len(self.shards)),
-                                                 self.config.dedup.rounds)
-            | "WriteDecisions" >> WriteDecisions(self.decisions))
 
 
 # --------------------------------------------------------------------------- tokens and blocks
-
-
-class RawTextEncoder:
-    """Batch encoding of raw documents with the tokenizer's own special-token policy.
-
-    Literal control-token strings (``<|im_start|>`` in a web page) stay plain text, like
-    ``split_special_tokens=True``; the flag is set on a private copy of the backend, because the
-    shared tokenizer serves the instruction branch, which needs them parsed. The tokenizer adds
-    its BOS where its family uses one; an end-of-text it appends itself is removed, since
-    ``ConcatenateBlocks`` ends every document with exactly one.
-
-    For the offline default tokenizer, proven by ``fast_raw_encoder``, tiktoken encodes with the
-    same ids several times faster, and the private backend is only made if a text needs it.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerFast):
-        self.shared_backend = tokenizer.backend_tokenizer
-        self.fast = fast_raw_encoder(self.shared_backend, self._encode_with_backend)
-        self.end = None
-        if self.fast is None:
-            probe = self.backend.encode("a", add_special_tokens=True).ids
-            self.end = -1 if probe and probe[-1] == end_of_text_id(tokenizer) else None
-
-    @functools.cached_property
-    def backend(self) -> Tokenizer:
-        return private_backend(self.shared_backend, encode_special_tokens=True)
-
-    def _encode_with_backend(self, text: str) -> list[int]:
-        return self.backend.encode_batch_fast([text], add_special_tokens=True)[0].ids
-
-    def encode(self, texts: list[str], parallel: bool = True) -> tuple[np.ndarray, ...]:
-        """Ids per text; ``parallel=False`` keeps tiktoken on the calling thread (a caller
-        that runs beside busy Python on the main thread should take one core, not all)."""
-        if self.fast is not None:
-            return self.fast.encode_arrays(texts, parallel)
-        encodings = self.backend.encode_batch_fast(texts, add_special_tokens=True)
-        return tuple(np.asarray(encoding.ids[:self.end], dtype=np.int32)
-                     for encoding in encodings)
-
-
-@functools.cache
-def raw_text_encoder(tokenizer: str) -> RawTextEncoder:
-    """One encoder per process and tokenizer, like ``load_tokenizer``."""
-    return RawTextEncoder(load_tokenizer(tokenizer))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from transforms.core.option_types import (
     positive_int,
 )
 from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR, EMPTY_AFTER_NORMALIZATION
-from transforms.knowledge.dedup import MODES, DedupConfig
+from transforms.knowledge.dedup.config import MODES, DedupConfig
 from transforms.knowledge.normalize import NormalizeConfig
 from transforms.knowledge.quality import QualityConfig, format_ngram_limits, parse_ngram_limits
 

@@ -1,278 +1,31 @@
-"""Deduplication across the whole dataset: exact copies and near copies (MinHash + LSH).
-
-Only small keys are shuffled, never the documents (README, "Determinism and memory": on the
-DirectRunner a shuffle holds all its data in memory). Pass one turns every kept document into
-``DocumentKeys``: its node (record key, chunk and a hash of its normalised text) and, for
-near-duplicate detection, a MinHash signature and its LSH band keys. ``FindDuplicates`` groups
-those keys, verifies candidate pairs by their estimated Jaccard similarity and joins copies into
-clusters by label propagation over the shuffle (``ConnectedComponents``), one decision per
-document to drop. The decisions are grouped by chunk and written to one small file per chunk
-(``write_decisions``); the main pass's ``DropDuplicates`` reads its own chunk's file. Nothing
-that grows with the documents or the duplicates is held on one worker or sent to every worker
-(docs/dedup.md).
-
-The surviving copy is always the one with the smallest record key (input index, source,
-position), whatever the runner, worker count or bundle boundaries.
-"""
+"""Finding and resolving copies through the shuffle: exact groups and verified LSH candidate
+pairs are the edges, and label propagation joins them into clusters, one decision per document
+to drop. Only small keys travel, batched per chunk and bucket."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.records import Record
 from transforms.core.steps import METRICS_NAMESPACE
 from transforms.core.vocabulary import (
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
 )
-from transforms.io.writers import read_arrow, write_arrow
-from transforms.knowledge.quality import TextStats, ngram_hashes, text_hash
-from transforms.knowledge.words import mix
+from transforms.knowledge.dedup.config import MAX_ROUNDS
+from transforms.knowledge.dedup.minhash import CONTENT, DocumentKeys, Node, similarity
 
-MODES = ("none", "exact", "near")
-
-# (input index, file number, position): orders the copies. Files are numbered in path order, so
-# this sorts like (input index, source, position) while every shuffled key stays a few ints.
-RecordKey = tuple[int, int, int]
-# A document in the duplicate graph: its record key, then the number of its chunk (where its
-# decision goes) and the hash of its text (which the main pass checks). The record key alone
-# orders nodes: it is unique.
-Node = tuple[int, int, int, int, bytes]
-CHUNK, CONTENT = 3, 4
 Pair = tuple[Node, Node]
 Decision = tuple[Node, str, Node]  # (document to drop, reason, surviving document)
-# Rounds of label propagation (--dedup_rounds): a cluster's labels are final after as many
-# rounds as the longest shortest path from a member to its smallest one, and one more round
-# confirms it. Exact groups and LSH buckets are stars around their smallest member (one hop);
-# paths grow only where near copies chain through different bands.
-MAX_ROUNDS = 8
-
-SEED = 0x5EED  # of the MinHash hash: fixed, so signatures agree across runs and workers
-_HALF = np.uint64(32)
-_EMPTY = 1 << 32  # a bin no shingle reached: above every 32-bit value
 # One row per document and band, for the band shuffle: the band key as a number, then the
 # document's node (record key, chunk number and content hash).
 _BAND_ROW = np.dtype([("band", "<u8"), ("key", "<i8", (4,)), ("content", "V16")])
-
-
-@dataclasses.dataclass(frozen=True)
-class DedupConfig:
-    """``mode``: ``near`` finds exact and near copies, ``exact`` exact copies only, ``none``
-    turns deduplication off. Near copies are documents whose word ``ngram`` shingle sets have
-    an estimated Jaccard similarity >= ``threshold`` under ``num_perm`` MinHash functions, found
-    through ``bands`` LSH bands of ``num_perm / bands`` rows each; their clusters are resolved
-    in at most ``rounds`` rounds of label propagation."""
-
-    mode: str = "near"
-    ngram: int = 5
-    num_perm: int = 128
-    bands: int = 16
-    threshold: float = 0.8
-    rounds: int = MAX_ROUNDS
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"dedup mode must be one of {MODES}, got {self.mode!r}")
-        if self.num_perm % self.bands:
-            raise ValueError(f"--dedup_num_perm={self.num_perm} must be a multiple of "
-                             f"--dedup_bands={self.bands} (each band takes the same rows)")
-
-    @property
-    def near(self) -> bool:
-        return self.mode == "near"
-
-
-@dataclasses.dataclass(frozen=True)
-class DocumentKeys:
-    """What pass one keeps of a document: under a kilobyte, however long the text is."""
-
-    node: Node
-    bands: tuple[bytes, ...] = ()  # LSH band keys (near mode)
-    signature: bytes = b""  # MinHash signature, little-endian uint32 (near mode)
-
-
-def record_key(record: Record, file_numbers: Mapping[str, int]) -> RecordKey:
-    return (record.input_index, file_numbers[record.source], record.position)
-
-
-def file_numbering(paths: Iterable[str]) -> tuple[str, ...]:
-    """File number -> path, in path order: both passes number the files alike."""
-    return tuple(sorted(set(paths)))
-
-
-def chunk_number(chunk_id: str) -> int:
-    """A chunk's number in the shuffled nodes (a signed 64-bit hash of its id): it names the
-    chunk's decision file. Two chunks that shared one would share a file, which still holds
-    only decisions found by record key and text hash."""
-    return int.from_bytes(hashlib.blake2b(chunk_id.encode("utf-8"), digest_size=8).digest(),
-                          "little", signed=True)
-
-
-DECISIONS = "dedup-decisions"  # under the staging directory: one file per chunk with drops
-_DECISION_SCHEMA = pa.schema([
-    ("input", pa.int64()), ("file", pa.int64()), ("position", pa.int64()),
-    ("digest", pa.binary(16)), ("reason", pa.string()),
-    ("kept_input", pa.int64()), ("kept_file", pa.int64()), ("kept_position", pa.int64()),
-])
-
-
-def decisions_path(directory: str, chunk: int) -> str:
-    return FileSystems.join(directory, f"{chunk & 0xFFFFFFFFFFFFFFFF:016x}.arrow")
-
-
-def write_decisions(group: tuple[int, Iterable[Decision]], directory: str) -> str:
-    """One chunk's decisions, sorted, to its file (a retried bundle writes the same bytes);
-    the path out."""
-    chunk, decisions = group
-    rows = sorted(decisions)
-    columns = list(zip(*((*node[:CHUNK], node[CONTENT], reason, *kept[:CHUNK])
-                         for node, reason, kept in rows), strict=True))
-    path = decisions_path(directory, chunk)
-    write_arrow(path, pa.table(dict(zip(_DECISION_SCHEMA.names, columns, strict=True)),
-                               schema=_DECISION_SCHEMA))
-    return path
-
-
-class WriteDecisions(beam.PTransform):
-    """Decisions in, grouped by chunk and written to one file per chunk; the paths out."""
-
-    def __init__(self, directory: str):
-        super().__init__()
-        self.directory = directory
-
-    def expand(self, decisions: beam.PCollection) -> beam.PCollection:
-        return (decisions
-                | "ByChunk" >> beam.Map(lambda decision: (decision[0][CHUNK], decision))
-                | "GroupByChunk" >> beam.GroupByKey()
-                | "Write" >> beam.Map(write_decisions, self.directory))
-
-
-@dataclasses.dataclass(frozen=True)
-class ChunkDecisions:
-    """The decisions of one chunk, as the main pass reads them back: by record key, each with
-    the hash of the text it was made for, its reason and the surviving record's key."""
-
-    drops: Mapping[RecordKey, tuple[bytes, str, RecordKey]]
-
-    @classmethod
-    def read(cls, path: str) -> ChunkDecisions:
-        """The file's decisions; none without a file (a chunk with nothing to drop)."""
-        if not FileSystems.exists(path):
-            return cls({})
-        rows = read_arrow(path).to_pylist()
-        return cls({(row["input"], row["file"], row["position"]): (
-            row["digest"], row["reason"],
-            (row["kept_input"], row["kept_file"], row["kept_position"])) for row in rows})
-
-    def verdict(self, record: Record, files: Sequence[str],
-                file_numbers: Mapping[str, int]) -> tuple[str, str] | None:
-        """(reason, message naming the surviving copy) for a record to drop, else None. A
-        decision counts only for the text it was made for, so a stale file drops nothing."""
-        found = self.drops.get(record_key(record, file_numbers))
-        if found is None or found[0] != text_hash(record.value):
-            return None
-        _, reason, (index, number, position) = found
-        return reason, (f"copy of the document at position {position} of {files[number]} "
-                        f"(input {index})")
-
-
-def content_hash(text: str) -> bytes:
-    """128-bit hash of the text: equal normalised texts, equal hashes (``TextStats.digest``)."""
-    return text_hash(text)
-
-
-def _stable_uint64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def shingles(stats: TextStats, n: int) -> np.ndarray:
-    """64-bit hashes of the word ``n``-grams of a document (one of all its words if fewer).
-
-    Words are the quality rules' words (``transforms.knowledge.words``: punctuation and spacing
-    ignored,
-    each Han or kana character a word) by their folded ids (case and apostrophe style do not
-    count), which every process computes alike.
-    """
-    if not stats.word_count:
-        return np.empty(0, dtype=np.uint64)
-    return ngram_hashes(stats.words.folded_ids, min(n, stats.word_count))
-
-
-class MinHasher:
-    """``num_perm`` MinHash values per document from one hash per shingle: one permutation
-    hashing (Li, Owen and Zhang, 2012) with optimal densification (Shrivastava, 2017).
-
-    Each shingle's 64-bit hash picks one of ``num_perm`` bins (its high half) and a value (its
-    low half); a bin keeps its smallest value. A bin no shingle reached takes the value of the
-    first filled bin along its own fixed probe order, so for every bin the chance that two
-    documents agree is their Jaccard similarity, as with ``num_perm`` independent hash
-    functions, at the cost of one hash per shingle instead of ``num_perm``. The hash is
-    splitmix64's finaliser after a seeded offset, and the probe orders come from the same
-    mix, so signatures agree across runs, workers and numpy versions.
-    """
-
-    def __init__(self, num_perm: int, seed: int = SEED):
-        self.bins = num_perm
-        self.offset = np.uint64(_stable_uint64(f"{seed}:offset".encode()))
-        keys = mix(np.arange(num_perm * num_perm, dtype=np.uint64) + self.offset)
-        self.probes = np.argsort(keys.reshape(num_perm, num_perm), axis=1)
-
-    def signature(self, shingle_hashes: np.ndarray) -> np.ndarray:
-        """The value of each bin over the shingles, as uint32 (all-ones when empty)."""
-        if not len(shingle_hashes):
-            return np.full(self.bins, _EMPTY - 1, dtype="<u4")
-        hashes = mix(shingle_hashes + self.offset)
-        bins = ((hashes >> _HALF) * np.uint64(self.bins)) >> _HALF  # the high half, scaled
-        values = np.full(self.bins, _EMPTY, dtype=np.uint64)
-        np.minimum.at(values, bins.astype(np.intp), hashes & np.uint64(_EMPTY - 1))
-        empty = np.flatnonzero(values == _EMPTY)
-        if len(empty):
-            probes = self.probes[empty]
-            first_filled = np.argmax(values[probes] != _EMPTY, axis=1)
-            values[empty] = values[probes[np.arange(len(empty)), first_filled]]
-        return values.astype("<u4")
-
-
-def band_keys(signature: np.ndarray, bands: int) -> tuple[bytes, ...]:
-    """One key per band of rows; documents that share any band key are candidates."""
-    data = signature.astype("<u4").tobytes()
-    width = len(data) // bands
-    return tuple(
-        hashlib.blake2b(i.to_bytes(2, "little") + data[i * width:(i + 1) * width],
-                        digest_size=8).digest()
-        for i in range(bands))
-
-
-def similarity(signature_a: bytes, signature_b: bytes) -> float:
-    """Estimated Jaccard similarity: the share of MinHash values that agree."""
-    a, b = np.frombuffer(signature_a, "<u4"), np.frombuffer(signature_b, "<u4")
-    return float(np.mean(a == b))
-
-
-def document_keys(key: RecordKey, chunk: int, stats: TextStats, config: DedupConfig,
-                  hasher: MinHasher | None) -> DocumentKeys:
-    """The keys pass one emits for one document; MinHash keys only with a ``hasher``."""
-    node = (*key, chunk, stats.digest)
-    if hasher is None:
-        return DocumentKeys(node)
-    found = shingles(stats, config.ngram)
-    if not len(found):  # no words: only an exact copy can match it
-        return DocumentKeys(node)
-    signature = hasher.signature(found)
-    return DocumentKeys(node, band_keys(signature, config.bands), signature.tobytes())
-
-
-# --------------------------------------------------------------------------- resolution
 
 
 def later_copies(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
@@ -281,48 +34,6 @@ def later_copies(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
     first, *others = sorted(nodes)
     for other in others:
         yield other, first
-
-
-def candidate_pairs(group: tuple[bytes, Iterable[Node]]) -> Iterator[Pair]:
-    """Pairs to verify from one LSH bucket: its smallest member with each other member.
-
-    Exact copies share every bucket and are settled by the exact step, so only the first node
-    per content hash takes part. A member that is not similar to the smallest one may still meet
-    its near copies in another band.
-    """
-    _, members = group
-    first_by_content: dict[bytes, Node] = {}
-    for node in sorted(members):
-        first_by_content.setdefault(node[CONTENT], node)
-    first, *others = sorted(first_by_content.values())
-    for other in others:
-        yield first, other
-
-
-def resolve_duplicates(exact: Iterable[Pair],
-                       near: Iterable[Pair]) -> dict[Node, tuple[str, Node]]:
-    """The nodes to drop, each with its reason and the node that survives, on one machine:
-    the definition that ``ConnectedComponents`` computes through the shuffle (tests compare).
-
-    Verified near pairs are joined into clusters (union-find, the smallest node as root); every
-    member but the root is a near copy. An exact copy names its group's first node, or the root
-    that node's cluster leads to.
-    """
-    parent: dict[Node, Node] = {}  # non-roots only
-
-    def root(node: Node) -> Node:
-        while node in parent:
-            node = parent[node]
-        return node
-
-    for a, b in near:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    drops = {node: (DUPLICATE_NEAR, root(node)) for node in list(parent)}
-    for copy, first in exact:
-        drops[copy] = (DUPLICATE_EXACT, root(first))
-    return drops
 
 
 # A node's state between rounds: (label, exact copy, label changed last round, neighbours).
@@ -546,10 +257,13 @@ def band_rows_by_bucket(batch: Iterable[DocumentKeys], buckets: int
 
 
 def packed_candidate_pairs_in_bucket(bucket: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
-    """``candidate_pairs`` of each band key in a bucket that more than one document shares,
-    each pair packed as ``_PAIR`` bytes (``unpack_pair``): a pair is found in every band its
-    members share, and ``Distinct`` holds up to 10^5 of them per bundle (the
-    SDK's combiner-lifting table), in 96 bytes each rather than as two Python nodes."""
+    """The pairs to verify of each band key in a bucket that more than one document shares:
+    its smallest member with each other member, one node per content hash (exact copies share
+    every band and are settled by the exact step; a member that is not similar to the smallest
+    one may still meet its near copies in another band). Each pair is packed as ``_PAIR`` bytes
+    (``unpack_pair``): a pair is found in every band its members share, and ``Distinct`` holds
+    up to 10^5 of them per bundle (the SDK's combiner-lifting table), in 96 bytes each rather
+    than as two Python nodes."""
     for firsts, others in _pair_rows(bucket):
         packed = np.empty(len(firsts), dtype=_PACKED_PAIR)
         packed["a_key"], packed["a_content"] = firsts["key"], firsts["content"]

@@ -1,0 +1,160 @@
+"""Deduplication's first pass: reads the knowledge inputs again, judges and keys every document
+as the main pass would, and leaves in staging what the main pass reads back (each chunk's
+decision file, and the token cache of verdicts and ids)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.classify import classify
+from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
+from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
+from transforms.io.read_inputs import ReadInputs
+from transforms.io.writers import BackgroundWriter
+from transforms.knowledge.dedup.components import FindDuplicates
+from transforms.knowledge.dedup.decisions import DECISIONS, WriteDecisions
+from transforms.knowledge.dedup.minhash import (
+    DocumentKeys,
+    MinHasher,
+    chunk_number,
+    document_keys,
+    file_numbering,
+    record_key,
+)
+from transforms.knowledge.documents import FilterQuality, document_steps
+from transforms.knowledge.encoding import raw_text_encoder
+from transforms.knowledge.options import KnowledgeConfig
+from transforms.knowledge.quality import TextStats
+from transforms.knowledge.token_cache import cache_path, write_chunk
+
+TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
+SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
+
+
+class KeyDocuments(BackgroundWriter):
+    """Pass one of deduplication: the small keys of each document the main pass would keep.
+
+    It judges each record as the main pass does, by ``classify`` and the same document steps
+    (``document_steps``), but counts nothing: the main pass does that. With a
+    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
+    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
+    (``transforms.knowledge.token_cache``).
+    """
+
+    def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
+                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
+        self.specs = {spec.index: spec for spec in specs}
+        self.config = config
+        self.file_numbers = {path: number for number, path in enumerate(files)}
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
+        self.steps = [step for _, step in document_steps(config)]
+
+    def setup(self) -> None:
+        super().setup()
+        dedup_config = self.config.dedup
+        self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
+
+    def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
+        judged = [(record, found) for record in chunk.records
+                  if (found := self.judge(record)) is not None]
+        kept = [(record, stats) for record, (stats, reason) in judged if reason is None]
+        if judged and self.token_cache is not None:
+            self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
+                       [stats.digest for _, (stats, _) in judged],
+                       [reason for _, (_, reason) in judged],
+                       [stats.text for _, stats in kept])
+        chunk = chunk_number(chunk.chunk_id)
+        keys = tuple(document_keys(record_key(record, self.file_numbers), chunk, stats,
+                                   self.config.dedup, self.hasher) for record, stats in kept)
+        if keys:
+            yield keys  # one element per chunk: a shuffled element costs more than its keys
+
+    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
+        """The normalised document and its quality verdict (a reason code, or None to keep
+        it); None for a record that is not a knowledge document the main pass would judge."""
+        routed = classify(record, self.specs[record.input_index])
+        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
+            return None
+        record = routed[1]
+        for step in self.steps:
+            # Nothing is known of a chunk before this pass: it is the one that writes the cache.
+            if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
+                stats = TextStats(record.value)
+                return stats, step.verdict(stats, {})
+            judged = step.judge(record, None)
+            if not isinstance(judged, Record):
+                return None
+            record = judged
+        return TextStats(record.value), None
+
+    def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
+               texts: list[str]) -> None:
+        encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
+        write_chunk(path, digests, reasons, encoded)
+
+
+def key_buckets(shards: int) -> int:
+    """How many buckets deduplication's keys are grouped in (``FindDuplicates``)."""
+    return max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondRead:
+    """What deduplication's first pass needs to read the inputs again, and the staging directory
+    where it leaves each document's quality verdict and token ids for the main pass."""
+
+    shards: tuple[ShardSpec, ...]
+    specs: tuple[InputSpec, ...]
+    chunk_records: int
+    max_record_bytes: int
+    staging_dir: str
+
+    @property
+    def token_cache(self) -> str:
+        return FileSystems.join(self.staging_dir, TOKEN_CACHE)
+
+    @property
+    def decisions(self) -> str:
+        return FileSystems.join(self.staging_dir, DECISIONS)
+
+
+def dedup_shards(shards: Sequence[ShardSpec], specs: Sequence[InputSpec]) -> list[ShardSpec]:
+    """The shards deduplication reads: those of inputs not declared ``branch=instruction``."""
+    instruction_only = {spec.index for spec in specs if spec.branch == INSTRUCTION}
+    return [shard for shard in shards if shard.input_index not in instruction_only]
+
+
+class FindDuplicateDocuments(beam.PTransform):
+    """Pass one: reads the inputs again (those not declared ``branch=instruction``), writes the
+    drop decisions of each chunk that has any to its file under ``decisions``, and returns
+    those files' paths."""
+
+    def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
+                 chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
+                 tokenizer: str, decisions: str, token_cache: str | None = None):
+        super().__init__()
+        self.shards = dedup_shards(shards, specs)
+        self.specs = tuple(specs)
+        self.decisions = decisions
+        self.chunk_records = chunk_records
+        self.max_record_bytes = max_record_bytes
+        self.config = config
+        self.tokenizer = tokenizer
+        self.token_cache = token_cache
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        files = file_numbering(shard.path for shard in self.shards)
+        return (
+            pbegin
+            | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
+            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
+                                                        self.tokenizer, self.token_cache))
+            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
+                                                 key_buckets(len(self.shards)),
+                                                 self.config.dedup.rounds)
+            | "WriteDecisions" >> WriteDecisions(self.decisions))

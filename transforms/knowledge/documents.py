@@ -1,0 +1,126 @@
+"""The steps that keep, rewrite or drop each knowledge document of a chunk, in their own module
+because both passes judge by them: the main pass as steps, deduplication's first pass
+(``KeyDocuments``) document by document."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from transforms.core.records import Record, RecordChunk, Rejection
+from transforms.core.steps import ChunkStep
+from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, Drop
+from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
+from transforms.knowledge.dedup.minhash import chunk_number
+from transforms.knowledge.normalize import NormalizeConfig, normalize_text
+from transforms.knowledge.options import KnowledgeConfig
+from transforms.knowledge.quality import QualityConfig, TextStats, describe, first_failure
+from transforms.knowledge.token_cache import cache_path, read_verdicts
+
+_UNKNOWN = object()  # no verdict from the first pass
+
+
+class DocumentStep(ChunkStep):
+    """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
+
+    def run(self, chunk: RecordChunk, *side_inputs: Any) -> Iterator[RecordChunk]:
+        known = self.known(chunk, *side_inputs)
+        kept = []
+        for record in chunk.records:
+            verdict = self.judge(record, known)
+            if isinstance(verdict, Record):
+                kept.append(verdict)
+            else:
+                self.drop(Rejection.of(record, verdict.reason, verdict.message), kind=FILTERED)
+                self.count(f"knowledge.dropped.{verdict.reason}")
+        if kept:
+            yield RecordChunk(chunk.chunk_id, tuple(kept))
+
+    def known(self, chunk: RecordChunk, *side_inputs: Any) -> Any:
+        """What the step knows of a chunk before it judges its documents (what deduplication's
+        first pass left for it), handed to each ``judge`` of the chunk; None by default."""
+        return None
+
+    def judge(self, record: Record, known: Any) -> Record | Drop:
+        """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
+        raise NotImplementedError
+
+
+class NormalizeDocuments(DocumentStep):
+    step_name = "normalize"
+
+    def __init__(self, config: NormalizeConfig):
+        self.config = config
+
+    def judge(self, record: Record, known: None) -> Record | Drop:
+        text = normalize_text(record.value, self.config)
+        if not text:
+            return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
+        return dataclasses.replace(record, value=text)
+
+
+class FilterQuality(DocumentStep):
+    """The quality rules; a verdict that deduplication's first pass left in ``token_cache``
+    is taken from there."""
+
+    step_name = "quality"
+
+    def __init__(self, config: QualityConfig, token_cache: str | None = None):
+        self.config = config
+        self.token_cache = token_cache
+
+    def known(self, chunk: RecordChunk) -> dict[bytes, str | None]:
+        """The verdicts the first pass left for this chunk, by text hash."""
+        return (read_verdicts(cache_path(self.token_cache, chunk.chunk_id))
+                if self.token_cache is not None else {})
+
+    def verdict(self, stats: TextStats, known: Mapping[bytes, str | None]) -> str | None:
+        """The first rule the document fails (a reason code), or None to keep it; a verdict in
+        ``known`` is taken from there."""
+        reason = known.get(stats.digest, _UNKNOWN)
+        return first_failure(stats, self.config) if reason is _UNKNOWN else reason
+
+    def judge(self, record: Record, known: Mapping[bytes, str | None]) -> Record | Drop:
+        reason = self.verdict(TextStats(record.value), known)
+        return record if reason is None else Drop(reason, describe(reason, self.config))
+
+
+def document_steps(config: KnowledgeConfig, token_cache: str | None = None
+                   ) -> list[tuple[str, DocumentStep]]:
+    """The steps a knowledge document meets before deduplication, in order, with their labels.
+
+    The main pass applies them as steps; deduplication's first pass judges every document by the
+    same steps (``KeyDocuments``), so a step added here is taken by both.
+    """
+    steps: list[tuple[str, DocumentStep]] = []
+    if config.normalize is not None:
+        steps.append(("Normalize", NormalizeDocuments(config.normalize)))
+    if config.quality is not None:
+        steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
+    return steps
+
+
+class DropDuplicates(DocumentStep):
+    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file.
+
+    The side input is only the number of decision files written, so that the chunk is judged
+    after every file is there; each chunk reads its own file alone.
+    """
+
+    step_name = "dedup"
+
+    def __init__(self, files: Sequence[str], decisions: str):
+        self.files = tuple(files)
+        self.decisions = decisions
+
+    def setup(self) -> None:
+        self.file_numbers = {path: number for number, path in enumerate(self.files)}
+
+    def known(self, chunk: RecordChunk, written: int) -> ChunkDecisions:
+        """The chunk's decisions (none when no decision file was written)."""
+        return (ChunkDecisions.read(decisions_path(self.decisions, chunk_number(chunk.chunk_id)))
+                if written else ChunkDecisions({}))
+
+    def judge(self, record: Record, known: ChunkDecisions) -> Record | Drop:
+        return known.verdict(record, self.files, self.file_numbers) or record
