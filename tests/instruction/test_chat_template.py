@@ -41,13 +41,13 @@ from transforms.core.vocabulary import (
     TOO_LONG,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
+    Drop,
 )
 from transforms.instruction import chat_template
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import (
     EncodedExample,
     MaskOptions,
-    RenderError,
     encode_conversations,
 )
 
@@ -186,10 +186,10 @@ def mismatches(tok, family: str, conversations: list[Conversation]) -> list[str]
     for n, (conversation, ours) in enumerate(zip(conversations, results, strict=True)):
         theirs = reference(tok, family, conversation)
         if isinstance(theirs, str):
-            if not (isinstance(ours, RenderError) and ours.reason == TEMPLATE_ERROR):
+            if not (isinstance(ours, Drop) and ours.reason == TEMPLATE_ERROR):
                 problems.append(f"#{n}: transformers raised {theirs}, we gave {ours!r:.200}")
             continue
-        if isinstance(ours, RenderError):
+        if isinstance(ours, Drop):
             if not (ours.reason == NO_TRAINED_TOKENS and theirs.mask is not None
                     and not theirs.mask.any()):
                 problems.append(f"#{n}: {ours.reason}: {ours.message:.200}")
@@ -449,7 +449,7 @@ def test_template_error_is_reported_per_conversation(toks):
     good = Conversation((user("Hi"), assistant("Hello")))
     bad = Conversation((user("boom"), assistant("Hello")))
     first, second, third = encode_conversations(tok, [good, bad, good], DEFAULT)
-    assert isinstance(second, RenderError) and second.reason == TEMPLATE_ERROR
+    assert isinstance(second, Drop) and second.reason == TEMPLATE_ERROR
     assert "cannot render boom" in second.message
     assert isinstance(first, EncodedExample) and np.array_equal(first.labels, third.labels)
 
@@ -466,7 +466,7 @@ def test_turn_the_template_rewrites_beyond_a_dropped_prefix_is_rejected(toks):
     )
     two_turns = Conversation((user("a"), assistant("A"), user("b"), assistant("B")))
     (result,) = encode_conversations(tok, [two_turns], DEFAULT)
-    assert isinstance(result, RenderError) and result.reason == TURN_NOT_LOCATED
+    assert isinstance(result, Drop) and result.reason == TURN_NOT_LOCATED
     # Only the final turn is then well defined, and that is what last_turn_only trains.
     (only_last,) = encode_conversations(tok, [two_turns], MaskOptions(last_turn_only=True))
     found = [decode(tok, only_last.input_ids[a:b]) for a, b in segments(only_last.labels)]
@@ -581,10 +581,10 @@ def test_tool_calls_a_template_drops_are_rejected(toks):
     results = encode_conversations(tok, conversations, DEFAULT)
     for conversation, result in zip(conversations, results, strict=True):
         has_tools = conversation.tools or any(m.get("tool_calls") for m in conversation.messages)
-        assert isinstance(result, RenderError) == bool(has_tools)
+        assert isinstance(result, Drop) == bool(has_tools)
         if has_tools:
             assert result.reason == TOOLS_NOT_RENDERED
-    assert any(isinstance(r, RenderError) for r in results)
+    assert any(isinstance(r, Drop) for r in results)
     assert any(isinstance(r, EncodedExample) for r in results)
 
 
@@ -705,7 +705,7 @@ def fast_corpus() -> list[Conversation]:
 def assert_same_results(fast: list, slow: list) -> None:
     assert len(fast) == len(slow)
     for n, (a, b) in enumerate(zip(fast, slow, strict=True)):
-        if isinstance(b, RenderError):
+        if isinstance(b, Drop):
             assert a == b, n
         else:
             assert isinstance(a, EncodedExample), (n, a)
@@ -920,10 +920,10 @@ def hostile_batch() -> list[Conversation]:
     return [good[0], Conversation((user(EVIL), assistant("Hello"))), good[1], good[2]]
 
 
-def assert_only_the_evil_one_fails(toks, results) -> RenderError:
+def assert_only_the_evil_one_fails(toks, results) -> Drop:
     batch = hostile_batch()
     expected = encode_conversations(toks["chatml"], batch[:1] + batch[2:], DEFAULT)
-    assert [type(r) for r in results] == [EncodedExample, RenderError, EncodedExample,
+    assert [type(r) for r in results] == [EncodedExample, Drop, EncodedExample,
                                           EncodedExample]
     for mine, theirs in zip(results[:1] + results[2:], expected, strict=True):
         assert np.array_equal(mine.input_ids, theirs.input_ids)
@@ -974,7 +974,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
             loops = rng.integers(0, 20000, size=6)  # renders of 0 to ~2x the limit
             batch = [Conversation((user(str(n)), assistant("A"))) for n in loops]
             for result in encode_conversations(tok, batch, DEFAULT):
-                if isinstance(result, RenderError):
+                if isinstance(result, Drop):
                     assert result.reason == TEMPLATE_ERROR and "time limit" in result.message
                 seen.append(type(result).__name__)
             busy = 0
@@ -990,7 +990,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
         thread.join()
     assert len(outcomes) == 3  # a thread that met a stray exception would not have reported
     seen = {kind for kinds in outcomes for kind in kinds}
-    assert seen == {"EncodedExample", "RenderError"}  # both sides of the race were exercised
+    assert seen == {"EncodedExample", "Drop"}  # both sides of the race were exercised
 
 
 def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():

@@ -16,7 +16,6 @@ from transforms.instruction.adapters import to_conversation
 from transforms.instruction.chat_template import (
     EncodedExample,
     MaskOptions,
-    RenderError,
     encode_conversations,
 )
 from transforms.instruction.schema import (
@@ -59,7 +58,7 @@ def test_arbitrary_json_is_routed_or_rejected_with_a_reason_never_raised(value, 
         assert error.reason
         return
     [result] = encode_conversations(qwen_tokenizer, [conversation], MaskOptions())
-    if isinstance(result, RenderError):
+    if isinstance(result, Drop):
         assert result.reason
         return
     assert isinstance(result, EncodedExample)

@@ -206,18 +206,10 @@ def _unpickle_example(data: bytes, n_ids: int, tokens_cut: int,
 
 
 @dataclasses.dataclass(frozen=True)
-class RenderError:
-    """A conversation that yields no example, with a reason code for rejected/ or filtered/."""
-
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
 class _Started:
     """A batch whose texts are rendered and whose plain texts' tokens are on their way."""
 
-    results: list[EncodedExample | RenderError | None]  # None: an example to come
+    results: list[EncodedExample | Drop | None]  # None: an example to come
     rendered: list[_Rendered]  # one per None above
     plain: list[int]  # the rendered texts without control-token text, by index
     tokens: Callable[[], _TokenRun] | None  # the plain texts' tokens, when done
@@ -241,7 +233,7 @@ class _RenderTimeout(BaseException):  # not an Exception: no handler may swallow
     """Raised inside the rendering thread by the watchdog; caught only by ``_Encoder._render``."""
 
 
-def encode_conversations(*args: Any, **kwargs: Any) -> list[EncodedExample | RenderError]:
+def encode_conversations(*args: Any, **kwargs: Any) -> list[EncodedExample | Drop]:
     """``start_encoding``'s results, waited for: one per conversation, in order."""
     return start_encoding(*args, **kwargs)()
 
@@ -253,7 +245,7 @@ def start_encoding(
     system_prompt: str = SYSTEM_TEMPLATE,
     max_tokens: int | None = None,
     overflow: str = "drop",
-) -> Callable[[], list[EncodedExample | RenderError]]:
+) -> Callable[[], list[EncodedExample | Drop]]:
     """Render, tokenize and mask a batch of conversations; the returned function gives one
     result per input, in order.
 
@@ -264,8 +256,8 @@ def start_encoding(
     ``system_prompt`` is ``"template"``, ``"none"`` or a text (module docstring).
     Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
     One bad record cannot fail the batch: rendering is per conversation and each failure is a
-    ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
-    plain text by a private copy of its backend.
+    ``Drop``. The tokenizer is only read: control-token text in content is encoded as plain text
+    by a private copy of its backend.
     """
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
@@ -273,12 +265,12 @@ def start_encoding(
         encoder = _Encoder(tok, options, system_prompt)
     except Exception as e:  # no chat template, or one that does not compile: every record says why
         message = f"chat template unusable: {type(e).__name__}: {e}"
-        errors = [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
+        errors = [Drop(TEMPLATE_ERROR, message) for _ in conversations]
         return lambda: errors
     with encoder.watchdog.watching():  # one watchdog thread for the batch's renders
         started = encoder.start(conversations)
 
-    def finish() -> list[EncodedExample | RenderError]:
+    def finish() -> list[EncodedExample | Drop]:
         with encoder.watchdog.watching():  # overflow renders prefixes again
             results = encoder.finish(started)
             if max_tokens is not None:
@@ -364,28 +356,28 @@ class _Encoder:
             f"{_MARK_START}({self.control_re.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]")
         self.end_ids = None if options.train_end_of_turn else _special_ids(tok)
 
-    def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | RenderError]:
+    def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | Drop]:
         return self.finish(self.start(conversations))
 
     def start(self, conversations: Sequence[Conversation]) -> _Started:
         """Renders the conversations and starts encoding the plain ones in the background."""
-        results: list[EncodedExample | RenderError | None] = []
+        results: list[EncodedExample | Drop | None] = []
         rendered: list[_Rendered] = []
         for conversation in conversations:
             try:
                 rendered.append(self._render(conversation))
                 results.append(None)
             except Drop as e:
-                results.append(RenderError(e.reason, e.message))
+                results.append(e)
         plain = [k for k, r in enumerate(rendered) if r.marked is None]
         fast = self.tools.pieces
         tokens = None if fast is None else fast.start([rendered[k].text for k in plain])
         return _Started(results, rendered, plain, tokens)
 
-    def finish(self, started: _Started) -> list[EncodedExample | RenderError]:
+    def finish(self, started: _Started) -> list[EncodedExample | Drop]:
         """Each conversation's example or error, in order, once its tokens are in."""
         results, rendered, plain = started.results, started.rendered, started.plain
-        done: dict[int, EncodedExample | RenderError] = {}
+        done: dict[int, EncodedExample | Drop] = {}
         # Ids and offsets are millions of small objects: a cyclic collection meanwhile would scan
         # them all.
         with _gc_paused():
@@ -406,11 +398,11 @@ class _Encoder:
         return [result if result is not None else next(examples) for result in results]
 
     def fit(self, conversation: Conversation, example: EncodedExample, max_tokens: int,
-            overflow: str) -> EncodedExample | RenderError:
+            overflow: str) -> EncodedExample | Drop:
         """The overflow policy for one conversation longer than ``max_tokens``."""
         too_long = f"{len(example.input_ids)} tokens > seq_len {max_tokens}"
         if overflow == "drop":
-            return RenderError(TOO_LONG, too_long)
+            return Drop(TOO_LONG, too_long)
         messages = self._messages(conversation)
         ends = [i + 1 for i, m in enumerate(messages[:-1]) if _trainable(m)]
         # Longer prefixes render to more tokens: binary search for the longest that fits.
@@ -424,8 +416,8 @@ class _Encoder:
             else:
                 high = middle - 1
         if best is None:
-            return RenderError(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
-                               "assistant turn fits")
+            return Drop(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
+                        "assistant turn fits")
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
 
     def default_system(self) -> str | None:
@@ -624,7 +616,7 @@ class _Encoder:
         return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
 
     def _example(self, rendered: _Rendered, plain: Encoding | None
-                 ) -> EncodedExample | RenderError:
+                 ) -> EncodedExample | Drop:
         """One example from the backend's encoding of its text, or of its marked rendering
         (``plain`` None)."""
         if plain is not None:
@@ -633,7 +625,7 @@ class _Encoder:
             try:
                 ids, offsets = self._encode_marked(rendered.marked)
             except Drop as e:
-                return RenderError(e.reason, e.message)
+                return e
         input_ids = np.asarray(ids, dtype=np.int32)
         ranges = list(_token_ranges(offsets, rendered.spans))
         first = np.array([a for a, _ in ranges], dtype=np.int64)
@@ -642,7 +634,7 @@ class _Encoder:
                               [rendered.method])[0]
 
     def _masked_run(self, run: _TokenRun, rendered: list[_Rendered]
-                    ) -> list[EncodedExample | RenderError]:
+                    ) -> list[EncodedExample | Drop]:
         """The examples of texts encoded end to end (``_PieceEncoder``), all masked at once.
 
         Each span's tokens are found from byte offsets: a token's character offsets are the
@@ -671,7 +663,7 @@ class _Encoder:
         return self._labelled(run, first, stop, [r.method for r in rendered])
 
     def _labelled(self, run: _TokenRun, first: np.ndarray, stop: np.ndarray,
-                  methods: list[str]) -> list[EncodedExample | RenderError]:
+                  methods: list[str]) -> list[EncodedExample | Drop]:
         """Each text's example: labels are the ids in the token ranges [first, stop), less the
         end-of-turn tokens that close a range unless they are trained; an error for a text
         with no trained token."""
@@ -691,7 +683,7 @@ class _Encoder:
         labels = np.where(trained, run.ids, IGNORE_INDEX).astype(np.int32)
         counts = np.concatenate(([0], np.cumsum(trained)))[run.bounds]
         return [EncodedExample(run.ids[a:b], labels[a:b], mask_method=method) if n_end > n_start
-                else RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
+                else Drop(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
                 for a, b, n_start, n_end, method in zip(
                     run.bounds, run.bounds[1:], counts.tolist(), counts[1:].tolist(), methods,
                     strict=False)]
