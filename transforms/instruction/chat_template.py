@@ -1,90 +1,5 @@
-"""Chat-template rendering, assistant-only loss masks that work with any template, and overflow.
-
-Every conversation is rendered once in full, exactly as ``apply_chat_template(messages,
-tokenize=False)`` renders it; those are the tokens. The trained spans are character spans of
-that text, found by one of three methods (``EncodedExample.mask_method``; the manifest counts
-each):
-
-* ``generation_markers``: the template carries ``{% generation %}`` blocks (TRL's
-  ``*_training.jinja`` templates do); the blocks are the spans, tracked by transformers' own
-  extension as in ``return_assistant_tokens_mask``.
-* ``prefix``: stock templates carry no markers, so every trained turn ``i`` is located by
-  rendering prefixes: ``prompt_i``, ``messages[:i]`` with ``add_generation_prompt=True``
-  (everything the model has seen when it starts to write turn ``i``), and ``turn_i``,
-  ``messages[:i + 1]``. The span is ``turn_i[len(prompt_i):]`` with trailing whitespace
-  trimmed: what the model generates after the generation prompt, up to and including its
-  end-of-turn token. The whitespace after that token (ChatML's and Gemma's ``"\\n"``) is glue the
-  template writes between turns; the model stops at the end-of-turn token and never generates it.
-* ``full_render``: templates that rewrite history (Qwen3, DeepSeek-R1 and QwQ style templates
-  drop an earlier reply's reasoning once a later user turn exists) render a turn differently
-  alone and in the full conversation. Locating a turn: it starts where ``prompt_i`` ends in the
-  full rendering, or, when the history before it is rewritten too, right after its role header
-  (the first one after the previous turn, taken only where the header holds a control token and
-  no content holds control-token text, so no content can imitate it); the span is then the
-  longest tail of what the turn generates alone that the full rendering holds there, provided it
-  still holds the reply's content. Anything else is rejected as ``turn_not_located``, never
-  trained on a guess.
-
-Spans become token positions through the tokenizer's character offsets: a token is trained when
-it overlaps a span, the rule transformers applies to generation blocks. Where the tokenizer is
-proven to be the offline Qwen2 one, tiktoken encodes the text between added tokens and the same
-positions come from the tokens' byte lengths, with no offsets (``_PieceEncoder``).
-
-Reasoning. A reply's ``reasoning_content`` is rendered where the template puts it; a template
-that never reads the field gets it inline, ``<think>\\n...\\n</think>\\n\\n`` before the content
-(``inline_reasoning``), so no trace is lost. Under ``train_reasoning=False`` the reasoning text
-is cut out of the spans: each reply's reasoning is swapped for a probe, the conversation
-rendered again, and what surrounds the probe locates the reasoning in the full rendering (the
-``<think>`` tags stay trained). Tool calls and tool definitions that a template drops are
-rejected as ``tools_not_rendered``: the turn would teach an empty reply.
-
-Control-token text in content. A user message that contains the string ``<|im_end|>`` must not
-become the end-of-turn token, or one message could forge turn structure. Conversations whose
-strings hold a control token's text are encoded as transformers'
-``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them: the control tokens the
-template writes stay tokens, the ones in content are encoded as plain text. Every other
-conversation takes the plain path (one batched tokenizer call), whose ids are exactly those of
-``apply_chat_template(tokenize=True)``.
-
-Overflow. A conversation longer than ``max_tokens`` is dropped (``too_long``) or, under
-``truncate``, cut to its longest prefix that ends with an assistant turn and fits: the earliest
-turns are kept, so every trained reply still sees the whole context it answered, and the cut
-conversation is encoded like any other (under ``last_turn_only`` its last assistant turn is
-trained). When not even the first assistant turn fits, it is dropped as ``too_long``.
-
-System prompt (``system_prompt``). ``"template"`` renders a conversation without a system
-message as the template does, with whatever default it writes (as ``apply_chat_template``
-does); ``"none"`` adds nothing and passes ``default_system_message=""`` to the template, which
-the built-in templates read as "write no default system turn" (``template_default_system``
-finds a template that writes one regardless); any other text is added as the system message.
-A conversation's own system message is always kept.
-
-Rendering calls the tokenizer's compiled template directly, skipping ``apply_chat_template``'s
-per-call copying of the messages: canonical conversations hold only JSON values.
-
-Sandbox. A chat template is code from the tokenizer or ``--chat_template``. It is compiled in the
-environment transformers builds (Jinja's ``ImmutableSandboxedEnvironment``: no file access, no
-imports, no private attributes, ``range`` capped at 100,000 items) with limits on top:
-
-* every template render may use ``RENDER_TIME_LIMIT`` seconds of the rendering thread's CPU
-  time. Beam runs DoFns in worker threads, where ``signal.alarm`` cannot reach, so one watchdog
-  thread per batch raises an exception inside the rendering thread
-  (``PyThreadState_SetAsyncExc``); compiled templates are Python bytecode, so it lands within
-  the template's loop. A lock makes sure it never lands after the render has returned;
-* the rendered text may hold at most ``RENDER_MAX_CHARS`` characters, counted while the
-  template writes it; so may every ``{% set %}`` block, macro or call block, counted when it
-  is joined;
-* ``*`` may not build a string or list longer than that, and ``*`` and ``**`` no integer
-  wider than ``_MAX_INT_BITS`` bits: one such operation is a single C call that neither limit
-  could interrupt;
-* nothing is evaluated at compile time (Jinja folds constant expressions and filter calls
-  while it compiles, out of reach of any render limit).
-
-A template that breaks a limit fails that conversation with ``template_error`` and the batch goes
-on. Not bounded: memory that a template builds faster than the time limit catches it, with one
-C-level call (``replace``, ``center``, ``format`` with a large width) or a string doubled a few
-dozen times (``~``, ``+``, macro arguments). Records cannot do this, templates can: a template
-from an untrusted source should be read before it is used.
+"""Renders conversations with their chat template and masks the tokens that carry loss: the
+instruction branch's entry points. What is trained, and why, is in docs/masking.md.
 """
 
 from __future__ import annotations
@@ -144,13 +59,14 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 OVERFLOW_POLICIES = ("truncate", "drop")
-# ``system_prompt`` values that are not a text (module docstring).
+# ``system_prompt`` values that are not a text (docs/masking.md, "System prompt").
 SYSTEM_TEMPLATE, SYSTEM_NONE = "template", "none"
 # The template variable through which ``SYSTEM_NONE`` asks a template to leave its default out.
 DEFAULT_SYSTEM_VARIABLE = "default_system_message"
 
-# Limits of one template render (module docstring). A normal render takes ~0.1 ms, and one
-# prefix of a 2,000-turn conversation a few ms: the limits only stop runaway templates.
+# Limits of one template render (docs/masking.md, "The template sandbox"). A normal render
+# takes ~0.1 ms, and one prefix of a 2,000-turn conversation a few ms: the limits only stop
+# runaway templates.
 RENDER_TIME_LIMIT = 5.0  # seconds of the rendering thread's CPU time
 RENDER_MAX_CHARS = 64 << 20  # characters of rendered text
 _MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a template
@@ -253,8 +169,8 @@ def start_encoding(
     tokenizer allows), so between the two the caller's thread is free for other work, such as
     rendering the next batch, while the encoder's threads run outside the GIL.
 
-    ``system_prompt`` is ``"template"``, ``"none"`` or a text (module docstring).
-    Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
+    ``system_prompt`` is ``"template"``, ``"none"`` or a text, and conversations longer than
+    ``max_tokens`` meet the ``overflow`` policy (docs/masking.md, "System prompt", "Overflow").
     One bad record cannot fail the batch: rendering is per conversation and each failure is a
     ``Drop``. The tokenizer is only read: control-token text in content is encoded as plain text
     by a private copy of its backend.
@@ -1057,8 +973,8 @@ def _trainable(message: dict) -> bool:
 def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: dict, i: int
                  ) -> tuple[tuple[int, int], bool]:
     """The trained character span of assistant message ``i`` in ``full``, and whether the
-    template rewrote the turn or the history before it there (module docstring, "Locating a
-    turn").
+    template rewrote the turn or the history before it there (docs/masking.md, ``full_render``:
+    "Locating a turn").
 
     ``start`` is where the turn starts in ``full`` (None: not found), ``prompt`` renders the
     messages before the turn with the generation prompt, ``turn`` those up to and including it.
