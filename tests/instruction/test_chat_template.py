@@ -45,11 +45,8 @@ from transforms.core.vocabulary import (
 )
 from transforms.instruction import chat_template
 from transforms.instruction.adapters import Conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    MaskOptions,
-    encode_conversations,
-)
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
 

@@ -13,11 +13,8 @@ from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, Rejection
 from transforms.core.vocabulary import INSTRUCTION, Drop
 from transforms.instruction.adapters import to_conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    MaskOptions,
-    encode_conversations,
-)
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 from transforms.instruction.schema import (
     ConversationLimits,
     builtin_schema,

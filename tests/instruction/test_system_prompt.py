@@ -24,11 +24,11 @@ from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import (
     SYSTEM_NONE,
     SYSTEM_TEMPLATE,
-    MaskOptions,
     check_system_prompt,
     encode_conversations,
     template_default_system,
 )
+from transforms.instruction.rendering.values import MaskOptions
 
 require_shared_data()
 

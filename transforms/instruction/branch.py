@@ -53,11 +53,9 @@ from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    start_encoding,
-)
+from transforms.instruction.chat_template import start_encoding
 from transforms.instruction.options import InstructionConfig
+from transforms.instruction.rendering.values import EncodedExample
 from transforms.instruction.schema import (
     ConversationLimits,
     RecordSchema,

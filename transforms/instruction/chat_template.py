@@ -52,6 +52,7 @@ from transforms.core.vocabulary import (
     Drop,
 )
 from transforms.instruction.adapters import Conversation
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions, Rendered
 
 if TYPE_CHECKING:
     import jinja2
@@ -85,60 +86,13 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskOptions:
-    """Which assistant tokens carry loss."""
-
-    last_turn_only: bool = False  # train only the conversation's final assistant message
-    train_end_of_turn: bool = True  # train the end-of-turn token(s) that close each turn
-    train_reasoning: bool = True  # train the reasoning text the template renders in a reply
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedExample:
-    """One rendered conversation; ``labels`` is ``input_ids`` with -100 where no loss."""
-
-    input_ids: np.ndarray  # int32
-    labels: np.ndarray  # int32
-    tokens_cut: int = 0  # tokens the overflow policy removed (0: the whole conversation)
-    mask_method: str = PREFIX  # how the trained spans were found (MASK_METHODS)
-
-    def __reduce__(self) -> tuple:
-        """Pickled as one bytes object: about half the time of two pickled arrays, and Beam
-        pickles examples between steps and to estimate their size."""
-        ids, labels = self.input_ids, self.labels
-        if ids.dtype != _INT32_LE or labels.dtype != _INT32_LE or ids.ndim != 1 or labels.ndim != 1:
-            return (EncodedExample, (ids, labels, self.tokens_cut, self.mask_method))
-        return (_unpickle_example, (ids.tobytes() + labels.tobytes(), len(ids), self.tokens_cut,
-                                    self.mask_method))
-
-
-_INT32_LE = np.dtype("<i4")
-
-
-def _unpickle_example(data: bytes, n_ids: int, tokens_cut: int,
-                      mask_method: str = PREFIX) -> EncodedExample:
-    values = np.frombuffer(bytearray(data), dtype=_INT32_LE)  # writeable, like the originals
-    return EncodedExample(values[:n_ids], values[n_ids:], tokens_cut, mask_method)
-
-
-@dataclasses.dataclass(frozen=True)
 class _Started:
     """A batch whose texts are rendered and whose plain texts' tokens are on their way."""
 
     results: list[EncodedExample | Drop | None]  # None: an example to come
-    rendered: list[_Rendered]  # one per None above
+    rendered: list[Rendered]  # one per None above
     plain: list[int]  # the rendered texts without control-token text, by index
     tokens: Callable[[], _TokenRun] | None  # the plain texts' tokens, when done
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rendered:
-    text: str
-    spans: list[tuple[int, int]]  # character spans [start, end) of trained text
-    marked: str | None  # the text with control-token text from content marked, if it has any
-    method: str = PREFIX  # how the spans were found
-
-
 
 
 class TemplateLimitError(Exception):
@@ -278,7 +232,7 @@ class _Encoder:
     def start(self, conversations: Sequence[Conversation]) -> _Started:
         """Renders the conversations and starts encoding the plain ones in the background."""
         results: list[EncodedExample | Drop | None] = []
-        rendered: list[_Rendered] = []
+        rendered: list[Rendered] = []
         for conversation in conversations:
             try:
                 rendered.append(self._render(conversation))
@@ -404,7 +358,7 @@ class _Encoder:
             except Exception:
                 environment.handle_exception()  # re-raises, with the template's lines
 
-    def _render(self, conversation: Conversation) -> _Rendered:
+    def _render(self, conversation: Conversation) -> Rendered:
         """The full text and the character spans to train, or ``Drop``."""
         messages = self._messages(conversation)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -446,7 +400,7 @@ class _Encoder:
         if marked is not None and self.markers_re.sub(_unmark, marked) != full:
             raise Drop(CONTROL_TOKEN_TEXT, "the template alters content that holds "
                                 "control-token text, so it cannot be kept as plain text")
-        return _Rendered(full, spans, marked, method)
+        return Rendered(full, spans, marked, method)
 
     def _located_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
                        full: str) -> tuple[list[tuple[int, int]], str]:
@@ -531,7 +485,7 @@ class _Encoder:
         calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
         return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
 
-    def _example(self, rendered: _Rendered, plain: Encoding | None
+    def _example(self, rendered: Rendered, plain: Encoding | None
                  ) -> EncodedExample | Drop:
         """One example from the backend's encoding of its text, or of its marked rendering
         (``plain`` None)."""
@@ -549,7 +503,7 @@ class _Encoder:
         return self._labelled(_TokenRun(input_ids, [0, len(input_ids)]), first, stop,
                               [rendered.method])[0]
 
-    def _masked_run(self, run: _TokenRun, rendered: list[_Rendered]
+    def _masked_run(self, run: _TokenRun, rendered: list[Rendered]
                     ) -> list[EncodedExample | Drop]:
         """The examples of texts encoded end to end (``_PieceEncoder``), all masked at once.
 

@@ -14,8 +14,8 @@ from transforms.instruction.chat_template import (
     OVERFLOW_POLICIES,
     SYSTEM_NONE,
     SYSTEM_TEMPLATE,
-    MaskOptions,
 )
+from transforms.instruction.rendering.values import MaskOptions
 from transforms.instruction.schema import ConversationLimits, RecordSchema, load_schemas
 
 GROUP = "instruction branch"
