@@ -46,6 +46,7 @@ from transforms.core.vocabulary import (
 from transforms.instruction import chat_template
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering import sandbox
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
@@ -942,7 +943,7 @@ def test_an_endless_template_is_stopped_by_the_time_limit(toks, monkeypatch, bod
     """Loops that would run for hours stop after RENDER_TIME_LIMIT of CPU time; the other
     conversations of the batch encode exactly as with the plain template."""
     limit = 0.5
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", limit)
     tok = hostile_template(toks["chatml"], body)
     start = time.perf_counter()
     results = encode_conversations(tok, hostile_batch(), DEFAULT)
@@ -958,7 +959,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
     interruption never lands after its render has returned, here in the Python work that follows
     every batch (a stray one would raise out of it and fail the test)."""
     limit = 0.01
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", limit)
     tok = hostile_template(toks["chatml"], "")
     tok.chat_template = ("{% for i in range(messages[0].content|int) %}"
                          "{% for j in range(100) %}{% endfor %}{% endfor %}" + template("chatml"))
@@ -995,7 +996,7 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
     the render returns, while the rendering thread waits for the lock to disarm. Disarming then
     withdraws it, so it never lands in the code after the render. (White-box: this test plays
     the watchdog thread, holding the lock as it does while it raises.)"""
-    watchdog = chat_template._Watchdog(60.0)
+    watchdog = sandbox._Watchdog(60.0)
     rendering = watchdog._thread_id = threading.get_ident()
     watchdog.__enter__()
     watchdog._lock.acquire()
@@ -1003,7 +1004,7 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
     def interrupt() -> None:
         time.sleep(0.2)  # meanwhile the rendering thread blocks in __exit__, on the lock
         watchdog._interrupted = watchdog._render
-        chat_template._set_async_exc(rendering, chat_template._RenderTimeout)
+        sandbox._set_async_exc(rendering, sandbox.RenderTimeout)
         watchdog._lock.release()
 
     helper = threading.Thread(target=interrupt)
@@ -1028,8 +1029,8 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
 ])
 def test_runaway_output_and_arithmetic_are_refused(toks, monkeypatch, body, found):
     """Size limits refuse a huge result before building it, or while the template writes it."""
-    monkeypatch.setattr(chat_template, "RENDER_MAX_CHARS", 1 << 20)
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", 60.0)  # the size limit comes first
+    monkeypatch.setattr(sandbox, "RENDER_MAX_CHARS", 1 << 20)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", 60.0)  # the size limit comes first
     tok = hostile_template(toks["chatml"], body)
     failed = assert_only_the_evil_one_fails(
         toks, encode_conversations(tok, hostile_batch(), DEFAULT))
