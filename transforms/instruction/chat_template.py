@@ -30,7 +30,6 @@ from transforms.core.fast_encoder import (
     qwen2_encoding,
 )
 from transforms.core.fields import REASONING_CONTENT
-from transforms.core.records import strings_in
 from transforms.core.tokenizer import private_backend
 from transforms.core.vocabulary import (
     CONTROL_TOKEN_TEXT,
@@ -46,6 +45,7 @@ from transforms.core.vocabulary import (
     Drop,
 )
 from transforms.instruction.adapters import Conversation
+from transforms.instruction.rendering.control_tokens import ControlTokens, alternation
 from transforms.instruction.rendering.sandbox import RenderTimeout, Sandbox
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions, Rendered
 
@@ -59,8 +59,6 @@ SYSTEM_TEMPLATE, SYSTEM_NONE = "template", "none"
 # The template variable through which ``SYSTEM_NONE`` asks a template to leave its default out.
 DEFAULT_SYSTEM_VARIABLE = "default_system_message"
 
-# Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
-_MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
 _PROBE = "\ufdd2\ufdd3"  # stands for a reply's reasoning while it is located (no newline: kept
 # as it is by the templates' strip('\n'))
 # Markup that is a control token in every family that writes it; ``[INST]`` is not checked,
@@ -196,12 +194,7 @@ class _Encoder:
         self.template_kwargs = dict(tok.special_tokens_map)
         if system_prompt == SYSTEM_NONE:
             self.template_kwargs[DEFAULT_SYSTEM_VARIABLE] = ""
-        controls = _control_tokens(tok, tuple(sources.values()))
-        self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
-        self.control_re = _alternation(controls)
-        self.joiner = "\0" if not any("\0" in token for token in controls) else None
-        self.markers_re = re.compile(
-            f"{_MARK_START}({self.control_re.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]")
+        self.control = ControlTokens(tok, tuple(sources.values()))
         self.end_ids = None if options.train_end_of_turn else _special_ids(tok)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | Drop]:
@@ -348,10 +341,10 @@ class _Encoder:
                 self.stage = "the conversation with a reasoning probe"
                 spans = self._without_reasoning(conversation, tools, turns, full, spans)
             marked = None
-            if self._holds_control_text(messages, tools):
+            control = self.control
+            if control.held_in(messages, tools):
                 self.stage = "the conversation with control-token text marked"
-                marked = self._render_text(_mark(messages, self.control_re),
-                                           _mark(tools, self.control_re))
+                marked = self._render_text(control.mark(messages), control.mark(tools))
         except Drop:
             raise
         except RenderTimeout:
@@ -362,7 +355,7 @@ class _Encoder:
             message = f"chat template failed on {self.stage}: {type(e).__name__}: {e}"
             raise Drop(TEMPLATE_ERROR, message) from e
         _check_tools_rendered(full, spans, tools, [messages[i] for i in turns])
-        if marked is not None and self.markers_re.sub(_unmark, marked) != full:
+        if marked is not None and control.unmark(marked) != full:
             raise Drop(CONTROL_TOKEN_TEXT, "the template alters content that holds "
                                 "control-token text, so it cannot be kept as plain text")
         return Rendered(full, spans, marked, method)
@@ -400,7 +393,8 @@ class _Encoder:
         content can hold the header's text: the header holds a control token and no content
         holds control-token text. Otherwise None: not located."""
         header = prompt[len(history):] if prompt.startswith(history) else ""
-        if not self.control_re.search(header) or self._holds_control_text(messages, tools):
+        control = self.control
+        if not control.pattern.search(header) or control.held_in(messages, tools):
             return None
         at = full.find(header, after)
         return None if at < 0 else at + len(header)
@@ -438,17 +432,6 @@ class _Encoder:
             if region is not None:
                 spans = _subtract(spans, region)
         return spans
-
-    def _holds_control_text(self, messages: list[dict], tools: list[dict] | None) -> bool:
-        search = self.control_re.search
-        contents = [m["content"] for m in messages]
-        # One search over all contents where no control token holds the separator (then no
-        # match can span two messages).
-        if (search(self.joiner.join(contents)) if self.joiner is not None
-                else any(map(search, contents))):
-            return True
-        calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
-        return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
 
     def _example(self, rendered: Rendered, plain: Encoding | None
                  ) -> EncodedExample | Drop:
@@ -533,12 +516,12 @@ class _Encoder:
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         position = 0
-        for k, piece in enumerate(self.markers_re.split(marked)):
+        for k, piece in enumerate(self.control.markers.split(marked)):
             if not piece:  # an empty text piece, or None for a lone marker
                 continue
             as_text = k % 2 == 1
             piece_ids, piece_offsets = self._encode_piece(piece, as_text, first=k == 0)
-            if as_text and self.control_ids.intersection(piece_ids):
+            if as_text and self.control.ids.intersection(piece_ids):
                 raise Drop(CONTROL_TOKEN_TEXT, f"the tokenizer encodes {piece!r} as a "
                                     "control token even as plain text")
             ids += piece_ids
@@ -593,7 +576,7 @@ class _PieceEncoder:
         self.normalize = backend.normalizer.normalize_str
         added = backend.get_added_tokens_decoder()
         added_ids = {token.content: i for i, token in added.items()}
-        self.split = re.compile(f"({_alternation(tuple(added_ids)).pattern})").split
+        self.split = re.compile(f"({alternation(tuple(added_ids)).pattern})").split
         self.added = frozenset(added_ids)
         self.joined = joinable(added_ids)
         self.encoding = qwen2_encoding(
@@ -826,50 +809,6 @@ def _token_ranges(
             stop = bisect.bisect_left(offsets, end, key=itemgetter(0))
             if stop > first:
                 yield first, stop
-
-
-def _control_tokens(tok: PreTrainedTokenizerBase, templates: tuple[str, ...]) -> tuple[str, ...]:
-    """The added tokens that structure a chat, as transformers' ``sanitize_control_tokens``
-    defines them: special tokens, plus ``tok.chat_control_tokens`` where the tokenizer lists
-    them, else the added tokens the template itself writes (whitespace tokens excepted)."""
-    listed = getattr(tok, "chat_control_tokens", None)
-    text = "\0".join(templates)
-
-    def is_control(token: Any) -> bool:
-        if token.special:
-            return True
-        if listed is not None:
-            return token.content in listed
-        return token.content in text and not token.content.isspace()
-
-    return tuple(t.content for t in tok.added_tokens_decoder.values() if is_control(t))
-
-
-def _alternation(tokens: tuple[str, ...]) -> re.Pattern:
-    """A regex matching any of ``tokens``, longest first; a first-character class lets the
-    search skip quickly over text that cannot start one."""
-    if not tokens:
-        return re.compile("(?!)")  # matches nothing
-    ordered = sorted(tokens, key=len, reverse=True)
-    starts = "".join(sorted({re.escape(t[0]) for t in ordered}))
-    return re.compile(f"(?=[{starts}])(?:{'|'.join(map(re.escape, ordered))})")
-
-
-
-
-def _mark(value: Any, pattern: re.Pattern) -> Any:
-    """A copy of ``value`` with every control token's text in its strings wrapped in markers."""
-    if isinstance(value, str):
-        return pattern.sub(lambda m: f"{_MARK_START}{m.group()}{_MARK_END}", value)
-    if isinstance(value, dict):
-        return {key: _mark(item, pattern) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_mark(item, pattern) for item in value]
-    return value
-
-
-def _unmark(match: re.Match) -> str:
-    return match.group(1) or ""
 
 
 @contextlib.contextmanager
