@@ -43,10 +43,9 @@ from transforms.core.vocabulary import (
     TURN_NOT_LOCATED,
     Drop,
 )
-from transforms.instruction import chat_template
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import encode_conversations
-from transforms.instruction.rendering import sandbox
+from transforms.instruction.rendering import labels, sandbox
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
@@ -716,7 +715,7 @@ def assert_same_results(fast: list, slow: list) -> None:
 def test_the_offline_tokenizer_takes_the_tiktoken_path(toks, qwen_tokenizer):
     """So that every mask test here, the sweeps against transformers included, checks it."""
     for tok in (qwen_tokenizer, *toks.values()):
-        assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
+        assert labels._backend_tools(tok.backend_tokenizer).pieces is not None
 
 
 @pytest.mark.parametrize("options", [
@@ -727,8 +726,8 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
     tok, conversations = toks[family], fast_corpus()
     fast = encode_conversations(tok, conversations, options, max_tokens=512, overflow="truncate")
     with monkeypatch.context() as m:  # the backend with offsets, as before the tiktoken path
-        m.setattr(chat_template, "_TOOLS", {})
-        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+        m.setattr(labels, "_TOOLS", {})
+        m.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
         slow = encode_conversations(tok, conversations, options, max_tokens=512,
                                     overflow="truncate")
     assert_same_results(fast, slow)
@@ -743,15 +742,15 @@ def test_a_conversation_holding_the_join_separator_gets_the_backends_tokens(toks
     conversations = [*fast_corpus()[:20], odd, *fast_corpus()[20:40]]
     fast = encode_conversations(tok, conversations, DEFAULT)
     with monkeypatch.context() as m:
-        m.setattr(chat_template, "_TOOLS", {})
-        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+        m.setattr(labels, "_TOOLS", {})
+        m.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
         slow = encode_conversations(tok, conversations, DEFAULT)
     assert_same_results(fast, slow)
     assert not set(fast[20].input_ids.tolist()) & {fast_encoder.SEPARATOR_ID}
 
 
 def test_texts_that_normalisation_changes_go_to_the_backend(toks):
-    pieces = chat_template._backend_tools(toks["chatml"].backend_tokenizer).pieces
+    pieces = labels._backend_tools(toks["chatml"].backend_tokenizer).pieces
     run = pieces.start(["<|im_start|>cafe\u0301<|im_end|>", "<|im_start|>caf\u00e9<|im_end|>\n"])()
     assert run.accepted == [False, True]
     assert run.bounds == [0, len(run.ids)]
@@ -761,11 +760,11 @@ def test_texts_that_normalisation_changes_go_to_the_backend(toks):
 def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
     tok = copy.deepcopy(qwen_tokenizer)
     tok.add_tokens(["<custom>"])  # not special: matched in raw text, so tiktoken is not proven
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is None
     stripped = copy.deepcopy(qwen_tokenizer)
     stripped.add_special_tokens({"additional_special_tokens": [
         AddedToken("<strip>", lstrip=True, special=True)]})
-    assert chat_template._backend_tools(stripped.backend_tokenizer).pieces is None
+    assert labels._backend_tools(stripped.backend_tokenizer).pieces is None
     conversation = Conversation((user("a <custom> b"), assistant("c <custom> d")))
     (result,) = encode_conversations(tok, [conversation], DEFAULT)
     assert result.input_ids.tolist() == tok.apply_chat_template(
@@ -778,14 +777,14 @@ def test_special_tokens_that_prefix_others_keep_the_backend(qwen_tokenizer, monk
     special tokens that prefix none, it is, and gives the backend's results."""
     tok = copy.deepcopy(qwen_tokenizer)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>!", "<x>"]})
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is None
     prefix_free = copy.deepcopy(qwen_tokenizer)
     prefix_free.add_special_tokens({"additional_special_tokens": ["<x>", "<y>"]})
-    assert chat_template._backend_tools(prefix_free.backend_tokenizer).pieces is not None
+    assert labels._backend_tools(prefix_free.backend_tokenizer).pieces is not None
     conversations = fast_corpus()
     fast = encode_conversations(prefix_free, conversations, DEFAULT)
-    monkeypatch.setattr(chat_template, "_TOOLS", {})
-    monkeypatch.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+    monkeypatch.setattr(labels, "_TOOLS", {})
+    monkeypatch.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
     assert_same_results(fast, encode_conversations(prefix_free, conversations, DEFAULT))
 
 
@@ -803,7 +802,7 @@ def test_settings_that_transformers_leaves_on_the_backend_change_nothing(qwen_to
     after = encode_conversations(tok, conversations, DEFAULT)
     assert_same_results(before, after)
     assert after[0].input_ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is not None
 
 
 def test_the_shared_tokenizer_is_only_read(toks):
@@ -815,7 +814,7 @@ def test_the_shared_tokenizer_is_only_read(toks):
     (result,) = encode_conversations(tok, [hostile("chatml")], DEFAULT)
     assert isinstance(result, EncodedExample)
     assert not backend.encode_special_tokens
-    assert chat_template._backend_tools(backend).text_backend is not backend
+    assert labels._backend_tools(backend).text_backend is not backend
 
 
 def test_examples_pickle_to_equal_writeable_int32_arrays():
