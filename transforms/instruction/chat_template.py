@@ -5,7 +5,6 @@ instruction branch's entry points. What is trained, and why, is in docs/masking.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,29 +22,21 @@ from transforms.core.vocabulary import (
     Drop,
 )
 from transforms.instruction.adapters import Conversation
-from transforms.instruction.rendering.control_tokens import ControlTokens
 from transforms.instruction.rendering.labels import Labeller
-from transforms.instruction.rendering.sandbox import RenderTimeout, Sandbox
+from transforms.instruction.rendering.renderer import (
+    DEFAULT_SYSTEM_VARIABLE,
+    PROBE,
+    SYSTEM_NONE,
+    SYSTEM_TEMPLATE,
+    Renderer,
+)
+from transforms.instruction.rendering.sandbox import RenderTimeout
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions, Rendered
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 OVERFLOW_POLICIES = ("truncate", "drop")
-# ``system_prompt`` values that are not a text (docs/masking.md, "System prompt").
-SYSTEM_TEMPLATE, SYSTEM_NONE = "template", "none"
-# The template variable through which ``SYSTEM_NONE`` asks a template to leave its default out.
-DEFAULT_SYSTEM_VARIABLE = "default_system_message"
-
-_PROBE = "\ufdd2\ufdd3"  # stands for a reply's reasoning while it is located (no newline: kept
-# as it is by the templates' strip('\n'))
-# Markup that is a control token in every family that writes it; ``[INST]`` is not checked,
-# since older Mistral tokenizers spell it out by design.
-_CONTROL_MARKUP = re.compile(r"<\|[^|\s]{1,64}\|>"  # ChatML, Llama 3
-                             r"|<\uff5c[^\uff5c\s]{1,64}\uff5c>"  # DeepSeek's full-width bars
-                             r"|<(?:start|end)_of_turn>")  # Gemma
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +102,10 @@ def template_default_system(tok: PreTrainedTokenizerBase,
     conversation that has no system message; None where it writes none, or where the template
     cannot render a plain exchange (its records then fail with their own reason)."""
     try:
-        encoder = _Encoder(tok, MaskOptions(), system_prompt)
+        renderer = Renderer(tok, system_prompt)
     except Exception:
         return None
-    return encoder.default_system()
+    return renderer.default_system()
 
 
 def check_system_prompt(tok: PreTrainedTokenizerBase, system_prompt: str) -> None:
@@ -137,10 +128,10 @@ def check_template_tokens(tok: PreTrainedTokenizerBase, label: str) -> None:
     template, whose markup every record would be trained on spelled out as text. A template
     that cannot render a plain exchange passes: its records fail with their own reason."""
     try:
-        encoder = _Encoder(tok, MaskOptions())
+        renderer = Renderer(tok)
     except Exception:  # as in template_default_system: the records will say what is wrong
         return
-    foreign = encoder.foreign_markup(tok)
+    foreign = renderer.foreign_markup(tok)
     if foreign:
         raise ValueError(
             f"{label} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
@@ -155,21 +146,11 @@ class _Encoder:
 
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
                  system_prompt: str = SYSTEM_TEMPLATE) -> None:
+        self.renderer = Renderer(tok, system_prompt)
         self.options = options
-        # The system message added to conversations without one, if any.
-        self.system_prompt = (None if system_prompt in (SYSTEM_TEMPLATE, SYSTEM_NONE)
-                              else system_prompt)
-        sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
-                   for has_tools in (False, True)}
-        self.sandbox = Sandbox(sources)
-        self.has_markers = {k: bool(_GENERATION_TAG.search(t)) for k, t in sources.items()}
-        self.renders_reasoning = {k: REASONING_CONTENT in t for k, t in sources.items()}
-        self.watchdog = self.sandbox.watchdog
+        self.watchdog = self.renderer.sandbox.watchdog
         self.stage = ""  # what is being rendered, for error messages
-        self.template_kwargs = dict(tok.special_tokens_map)
-        if system_prompt == SYSTEM_NONE:
-            self.template_kwargs[DEFAULT_SYSTEM_VARIABLE] = ""
-        self.control = ControlTokens(tok, tuple(sources.values()))
+        self.control = self.renderer.control
         self.labeller = Labeller(tok, options, self.control)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | Drop]:
@@ -198,7 +179,7 @@ class _Encoder:
         too_long = f"{len(example.input_ids)} tokens > seq_len {max_tokens}"
         if overflow == "drop":
             return Drop(TOO_LONG, too_long)
-        messages = self._messages(conversation)
+        messages = self.renderer.messages(conversation)
         ends = [i + 1 for i, m in enumerate(messages[:-1]) if _trainable(m)]
         # Longer prefixes render to more tokens: binary search for the longest that fits.
         best, low, high = None, 0, len(ends) - 1
@@ -215,64 +196,9 @@ class _Encoder:
                         "assistant turn fits")
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
 
-    def default_system(self) -> str | None:
-        """The system text the template writes into a conversation that has no system message
-        (None: it writes none), found by rendering a short exchange with a probe system message
-        and without one: a template that fills in a default renders the same text around it."""
-        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-        probed = [{"role": "system", "content": _PROBE}, *exchange]
-        with self.watchdog.watching():
-            try:
-                bare, full = (self._render_text(m, None) for m in (exchange, probed))
-            except (Exception, RenderTimeout):  # a template that cannot say: records will
-                return None
-        before, found, after = full.partition(_PROBE)
-        if (not found or len(bare) < len(before) + len(after) or not bare.startswith(before)
-                or not bare.endswith(after)):
-            return None
-        return bare[len(before):len(bare) - len(after)] or None
-
-    def foreign_markup(self, tok: PreTrainedTokenizerBase) -> list[str]:
-        """Control markup in a rendered exchange (``<|name|>``, DeepSeek's full-width form,
-        Gemma's turn markers) that the tokenizer encodes as more than one token."""
-        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-        with self.watchdog.watching():
-            try:
-                text = self._render_text(exchange, None)
-            except (Exception, RenderTimeout):
-                return []
-        found = dict.fromkeys(_CONTROL_MARKUP.findall(text))
-        return [markup for markup in found
-                if len(tok.encode(markup, add_special_tokens=False)) != 1]
-
-    def _added_in_front(self, conversation: Conversation) -> int:
-        """How many messages ``_messages`` puts before the conversation's own."""
-        return int(bool(self.system_prompt)
-                   and not any(m["role"] == "system" for m in conversation.messages))
-
-    def _messages(self, conversation: Conversation) -> list[dict]:
-        """The messages the template sees: the system prompt added where there is none, and
-        reasoning inline in the reply for a template that does not render ``reasoning_content``
-        itself (``inline_reasoning``)."""
-        messages = list(conversation.messages)
-        if self._added_in_front(conversation):
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        if not self.renders_reasoning[bool(conversation.tools)]:
-            messages = [inline_reasoning(m) if REASONING_CONTENT in m else m for m in messages]
-        return messages
-
-    def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
-                     generation_prompt: bool = False,
-                     blocks: list[tuple[int, int]] | None = None) -> str:
-        """The template's text; ``blocks``, where given, receives the character spans of its
-        ``{% generation %}`` blocks (``Sandbox.render``). May raise ``RenderTimeout``."""
-        return self.sandbox.render(tools is not None, {
-            "messages": messages, "tools": tools, "documents": None,
-            "add_generation_prompt": generation_prompt, **self.template_kwargs}, blocks)
-
     def _render(self, conversation: Conversation) -> Rendered:
         """The full text and the character spans to train, or ``Drop``."""
-        messages = self._messages(conversation)
+        messages = self.renderer.messages(conversation)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if self.options.last_turn_only:
             turns = turns[-1:]
@@ -284,8 +210,8 @@ class _Encoder:
         tools = list(conversation.tools) if conversation.tools else None
         self.stage = "the conversation"
         try:
-            blocks = [] if self.has_markers[tools is not None] else None
-            full = self._render_text(messages, tools, blocks=blocks)
+            blocks = [] if self.renderer.has_markers[tools is not None] else None
+            full = self.renderer.render_text(messages, tools, blocks=blocks)
             if blocks is not None:
                 spans = self._marked_spans(messages, tools, turns, full, blocks)
                 method = GENERATION_MARKERS
@@ -298,7 +224,7 @@ class _Encoder:
             control = self.control
             if control.held_in(messages, tools):
                 self.stage = "the conversation with control-token text marked"
-                marked = self._render_text(control.mark(messages), control.mark(tools))
+                marked = self.renderer.render_text(control.mark(messages), control.mark(tools))
         except Drop:
             raise
         except RenderTimeout:
@@ -324,16 +250,16 @@ class _Encoder:
             # An assistant turn first in the conversation needs the template to render an empty
             # history with a generation prompt.
             self.stage = f"the generation prompt before assistant message {i}"
-            prompt = self._render_text(messages[:i], tools, generation_prompt=True)
+            prompt = self.renderer.render_text(messages[:i], tools, generation_prompt=True)
             start = len(prompt) if full.startswith(prompt) else None
             if start is None:  # the history before the turn is rewritten in ``full``
                 self.stage = f"the conversation before assistant message {i}"
-                history = self._render_text(messages[:i], tools)
+                history = self.renderer.render_text(messages[:i], tools)
                 after = spans[-1][1] if spans else 0
                 start = self._after_header(full, prompt, history, after, messages, tools)
             self.stage = f"the conversation up to assistant message {i}"
             last = i + 1 == len(messages)
-            turn = full if last else self._render_text(messages[: i + 1], tools)
+            turn = full if last else self.renderer.render_text(messages[: i + 1], tools)
             span, rewritten = _locate_turn(full, start, prompt, turn, messages[i], i)
             spans.append(span)
             method = FULL_RENDER if rewritten else method
@@ -359,7 +285,7 @@ class _Encoder:
         follow the generation prompt of the last assistant turn."""
         if not self.options.last_turn_only:
             return list(blocks)
-        prompt = self._render_text(messages[: turns[-1]], tools, generation_prompt=True)
+        prompt = self.renderer.render_text(messages[: turns[-1]], tools, generation_prompt=True)
         if not full.startswith(prompt):
             raise Drop(TURN_NOT_LOCATED, "the generation prompt before the last "
                                 "assistant message is not a prefix of the full rendering")
@@ -373,14 +299,14 @@ class _Encoder:
         Each turn's reasoning is swapped for a probe and the conversation rendered again; what
         surrounds the probe is what surrounds the reasoning in the full rendering.
         """
-        offset = self._added_in_front(conversation)  # a system prompt
+        offset = self.renderer.added_in_front(conversation)  # a system prompt
         for i in turns:
             reasoning = conversation.messages[i - offset].get(REASONING_CONTENT)
             if not reasoning:
                 continue
             probed = list(conversation.messages)
-            probed[i - offset] = {**probed[i - offset], REASONING_CONTENT: _PROBE}
-            text = self._render_text(self._messages(Conversation(tuple(probed),
+            probed[i - offset] = {**probed[i - offset], REASONING_CONTENT: PROBE}
+            text = self.renderer.render_text(self.renderer.messages(Conversation(tuple(probed),
                                                                   conversation.tools)), tools)
             region = _probed_region(full, text, i)
             if region is not None:
@@ -456,13 +382,13 @@ def _holds_reply(tail: str, message: dict) -> bool:
 
 
 def _probed_region(full: str, probed: str, i: int) -> tuple[int, int] | None:
-    """Where the text that ``_PROBE`` stands for in ``probed`` lies in ``full``, or None when the
+    """Where the text that ``PROBE`` stands for in ``probed`` lies in ``full``, or None when the
     template does not render it: ``probed`` must hold ``full`` but for that text."""
-    at = probed.find(_PROBE)
+    at = probed.find(PROBE)
     if at < 0:
         return None
-    after = probed[at + len(_PROBE) :]
-    if (_PROBE in after or len(probed) - len(_PROBE) > len(full)
+    after = probed[at + len(PROBE) :]
+    if (PROBE in after or len(probed) - len(PROBE) > len(full)
             or not (full.startswith(probed[:at]) and full.endswith(after))):
         raise Drop(TURN_NOT_LOCATED, f"the reasoning of assistant message {i} cannot be "
                             "located: the template renders the rest of the conversation "
@@ -478,16 +404,6 @@ def _subtract(spans: list[tuple[int, int]], region: tuple[int, int]) -> list[tup
         kept += [(a, min(b, x))] if a < x else []
         kept += [(max(a, y), b)] if b > y else []
     return [(a, b) for a, b in kept if b > a]
-
-
-def inline_reasoning(message: dict) -> dict:
-    """``message`` with its ``reasoning_content`` written before its content in the common
-    ``<think>`` form, for templates that do not render the field themselves."""
-    message = dict(message)
-    reasoning = message.pop(REASONING_CONTENT)
-    if reasoning:
-        message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{message['content']}"
-    return message
 
 
 def _first_difference(a: str, b: str) -> int:
