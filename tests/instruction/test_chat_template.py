@@ -1,7 +1,7 @@
-"""Tests for transforms.instruction.chat_template: the loss mask is the training signal, so it
-is checked
-against transformers' own ``{% generation %}`` mask on four template families, by decoding the
-trained spans of real conversations, and on the options and failure paths.
+"""Tests for transforms.instruction.chat_template and rendering/: the loss mask is the training
+signal, so it is checked against transformers' own ``{% generation %}`` mask on four template
+families, by decoding the trained spans of real conversations, and on the options and failure
+paths.
 
 Each family has a plain template (what stock templates look like: no markers) and a ``.generation``
 variant that differs only by ``{% generation %}...{% endgeneration %}`` around what must be
