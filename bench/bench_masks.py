@@ -32,7 +32,8 @@ from transforms.instruction.adapters import (
     Conversation,
     to_conversation,
 )
-from transforms.instruction.chat_template import EncodedExample, MaskOptions, encode_conversations
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FILES = ("chat/fastchat_dummy_conversation.json", "chat/kto_en_demo_messages.json",

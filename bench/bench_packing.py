@@ -28,8 +28,9 @@ from transforms.core.vocabulary import (
     Drop,
 )
 from transforms.instruction.adapters import to_conversation
-from transforms.instruction.chat_template import EncodedExample, encode_conversations
+from transforms.instruction.chat_template import encode_conversations
 from transforms.instruction.options import InstructionConfig
+from transforms.instruction.rendering.values import EncodedExample
 from transforms.instruction.schema import check_conversation
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_shards

@@ -136,10 +136,10 @@ def test_a_template_that_never_ends_rejects_its_records_and_the_run_goes_on(tmp_
     """A chat template that loops for hours on one conversation: that record lands in
     rejected/ with the time limit as its reason, the others are trained on, the run ends."""
     from beam_pipeline.running import run
-    from transforms.instruction import chat_template
+    from transforms.instruction.rendering import sandbox
 
     limit = 0.5
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)  # in-process runner
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", limit)  # in-process runner
     template = tmp_path / "endless.jinja"
     template.write_text(
         "{% if messages[0].content == 'EVIL' %}{% for i in range(100000) %}"

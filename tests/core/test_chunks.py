@@ -55,7 +55,7 @@ def test_token_arrays_and_tables_are_sized_by_their_bytes():
 
 
 def _examples(rng, count):
-    from transforms.instruction.chat_template import EncodedExample
+    from transforms.instruction.rendering.values import EncodedExample
 
     for _ in range(count):
         ids = rng.integers(0, 150_000, int(rng.integers(20, 2000)), dtype=np.int32)

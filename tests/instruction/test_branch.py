@@ -17,8 +17,9 @@ from transforms.core.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 from transforms.core.vocabulary import IGNORE_INDEX, NO_ASSISTANT_TURN, REJECTED
 from transforms.instruction.adapters import to_conversation
 from transforms.instruction.branch import SFT, InstructionBranch
-from transforms.instruction.chat_template import MaskOptions, encode_conversations
+from transforms.instruction.chat_template import encode_conversations
 from transforms.instruction.options import InstructionConfig
+from transforms.instruction.rendering.values import MaskOptions
 
 SEQ_LEN = 256
 VALUES = [

@@ -186,7 +186,7 @@ def test_chatml_is_the_default_tokenizers_template():
 def test_the_package_holds_exactly_the_builtin_templates():
     folder = Path(tk.__file__).parents[1] / "instruction" / "templates"
     assert sorted(p.stem for p in folder.glob("*.jinja")) == sorted(tk.BUILTIN_TEMPLATES)
-    for name in tk.BUILTIN_TEMPLATES:  # what chat_template.py takes as rendering reasoning
+    for name in tk.BUILTIN_TEMPLATES:  # what rendering/renderer.py takes as rendering reasoning
         assert ("reasoning_content" in tk.builtin_template(name)) == (name == "qwen3"), name
 
 

@@ -1,7 +1,7 @@
-"""Tests for transforms.instruction.chat_template: the loss mask is the training signal, so it
-is checked
-against transformers' own ``{% generation %}`` mask on four template families, by decoding the
-trained spans of real conversations, and on the options and failure paths.
+"""Tests for transforms.instruction.chat_template and rendering/: the loss mask is the training
+signal, so it is checked against transformers' own ``{% generation %}`` mask on four template
+families, by decoding the trained spans of real conversations, and on the options and failure
+paths.
 
 Each family has a plain template (what stock templates look like: no markers) and a ``.generation``
 variant that differs only by ``{% generation %}...{% endgeneration %}`` around what must be
@@ -41,15 +41,12 @@ from transforms.core.vocabulary import (
     TOO_LONG,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
+    Drop,
 )
-from transforms.instruction import chat_template
 from transforms.instruction.adapters import Conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    MaskOptions,
-    RenderError,
-    encode_conversations,
-)
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering import labels, sandbox
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
 
@@ -186,10 +183,10 @@ def mismatches(tok, family: str, conversations: list[Conversation]) -> list[str]
     for n, (conversation, ours) in enumerate(zip(conversations, results, strict=True)):
         theirs = reference(tok, family, conversation)
         if isinstance(theirs, str):
-            if not (isinstance(ours, RenderError) and ours.reason == TEMPLATE_ERROR):
+            if not (isinstance(ours, Drop) and ours.reason == TEMPLATE_ERROR):
                 problems.append(f"#{n}: transformers raised {theirs}, we gave {ours!r:.200}")
             continue
-        if isinstance(ours, RenderError):
+        if isinstance(ours, Drop):
             if not (ours.reason == NO_TRAINED_TOKENS and theirs.mask is not None
                     and not theirs.mask.any()):
                 problems.append(f"#{n}: {ours.reason}: {ours.message:.200}")
@@ -449,7 +446,7 @@ def test_template_error_is_reported_per_conversation(toks):
     good = Conversation((user("Hi"), assistant("Hello")))
     bad = Conversation((user("boom"), assistant("Hello")))
     first, second, third = encode_conversations(tok, [good, bad, good], DEFAULT)
-    assert isinstance(second, RenderError) and second.reason == TEMPLATE_ERROR
+    assert isinstance(second, Drop) and second.reason == TEMPLATE_ERROR
     assert "cannot render boom" in second.message
     assert isinstance(first, EncodedExample) and np.array_equal(first.labels, third.labels)
 
@@ -466,7 +463,7 @@ def test_turn_the_template_rewrites_beyond_a_dropped_prefix_is_rejected(toks):
     )
     two_turns = Conversation((user("a"), assistant("A"), user("b"), assistant("B")))
     (result,) = encode_conversations(tok, [two_turns], DEFAULT)
-    assert isinstance(result, RenderError) and result.reason == TURN_NOT_LOCATED
+    assert isinstance(result, Drop) and result.reason == TURN_NOT_LOCATED
     # Only the final turn is then well defined, and that is what last_turn_only trains.
     (only_last,) = encode_conversations(tok, [two_turns], MaskOptions(last_turn_only=True))
     found = [decode(tok, only_last.input_ids[a:b]) for a, b in segments(only_last.labels)]
@@ -581,10 +578,10 @@ def test_tool_calls_a_template_drops_are_rejected(toks):
     results = encode_conversations(tok, conversations, DEFAULT)
     for conversation, result in zip(conversations, results, strict=True):
         has_tools = conversation.tools or any(m.get("tool_calls") for m in conversation.messages)
-        assert isinstance(result, RenderError) == bool(has_tools)
+        assert isinstance(result, Drop) == bool(has_tools)
         if has_tools:
             assert result.reason == TOOLS_NOT_RENDERED
-    assert any(isinstance(r, RenderError) for r in results)
+    assert any(isinstance(r, Drop) for r in results)
     assert any(isinstance(r, EncodedExample) for r in results)
 
 
@@ -705,7 +702,7 @@ def fast_corpus() -> list[Conversation]:
 def assert_same_results(fast: list, slow: list) -> None:
     assert len(fast) == len(slow)
     for n, (a, b) in enumerate(zip(fast, slow, strict=True)):
-        if isinstance(b, RenderError):
+        if isinstance(b, Drop):
             assert a == b, n
         else:
             assert isinstance(a, EncodedExample), (n, a)
@@ -718,7 +715,7 @@ def assert_same_results(fast: list, slow: list) -> None:
 def test_the_offline_tokenizer_takes_the_tiktoken_path(toks, qwen_tokenizer):
     """So that every mask test here, the sweeps against transformers included, checks it."""
     for tok in (qwen_tokenizer, *toks.values()):
-        assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
+        assert labels._backend_tools(tok.backend_tokenizer).pieces is not None
 
 
 @pytest.mark.parametrize("options", [
@@ -729,8 +726,8 @@ def test_tiktoken_path_equals_the_backend_with_offsets(toks, family, options, mo
     tok, conversations = toks[family], fast_corpus()
     fast = encode_conversations(tok, conversations, options, max_tokens=512, overflow="truncate")
     with monkeypatch.context() as m:  # the backend with offsets, as before the tiktoken path
-        m.setattr(chat_template, "_TOOLS", {})
-        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+        m.setattr(labels, "_TOOLS", {})
+        m.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
         slow = encode_conversations(tok, conversations, options, max_tokens=512,
                                     overflow="truncate")
     assert_same_results(fast, slow)
@@ -745,15 +742,15 @@ def test_a_conversation_holding_the_join_separator_gets_the_backends_tokens(toks
     conversations = [*fast_corpus()[:20], odd, *fast_corpus()[20:40]]
     fast = encode_conversations(tok, conversations, DEFAULT)
     with monkeypatch.context() as m:
-        m.setattr(chat_template, "_TOOLS", {})
-        m.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+        m.setattr(labels, "_TOOLS", {})
+        m.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
         slow = encode_conversations(tok, conversations, DEFAULT)
     assert_same_results(fast, slow)
     assert not set(fast[20].input_ids.tolist()) & {fast_encoder.SEPARATOR_ID}
 
 
 def test_texts_that_normalisation_changes_go_to_the_backend(toks):
-    pieces = chat_template._backend_tools(toks["chatml"].backend_tokenizer).pieces
+    pieces = labels._backend_tools(toks["chatml"].backend_tokenizer).pieces
     run = pieces.start(["<|im_start|>cafe\u0301<|im_end|>", "<|im_start|>caf\u00e9<|im_end|>\n"])()
     assert run.accepted == [False, True]
     assert run.bounds == [0, len(run.ids)]
@@ -763,11 +760,11 @@ def test_texts_that_normalisation_changes_go_to_the_backend(toks):
 def test_tokenizers_not_proven_keep_the_backend(qwen_tokenizer):
     tok = copy.deepcopy(qwen_tokenizer)
     tok.add_tokens(["<custom>"])  # not special: matched in raw text, so tiktoken is not proven
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is None
     stripped = copy.deepcopy(qwen_tokenizer)
     stripped.add_special_tokens({"additional_special_tokens": [
         AddedToken("<strip>", lstrip=True, special=True)]})
-    assert chat_template._backend_tools(stripped.backend_tokenizer).pieces is None
+    assert labels._backend_tools(stripped.backend_tokenizer).pieces is None
     conversation = Conversation((user("a <custom> b"), assistant("c <custom> d")))
     (result,) = encode_conversations(tok, [conversation], DEFAULT)
     assert result.input_ids.tolist() == tok.apply_chat_template(
@@ -780,14 +777,14 @@ def test_special_tokens_that_prefix_others_keep_the_backend(qwen_tokenizer, monk
     special tokens that prefix none, it is, and gives the backend's results."""
     tok = copy.deepcopy(qwen_tokenizer)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>!", "<x>"]})
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is None
     prefix_free = copy.deepcopy(qwen_tokenizer)
     prefix_free.add_special_tokens({"additional_special_tokens": ["<x>", "<y>"]})
-    assert chat_template._backend_tools(prefix_free.backend_tokenizer).pieces is not None
+    assert labels._backend_tools(prefix_free.backend_tokenizer).pieces is not None
     conversations = fast_corpus()
     fast = encode_conversations(prefix_free, conversations, DEFAULT)
-    monkeypatch.setattr(chat_template, "_TOOLS", {})
-    monkeypatch.setattr(chat_template, "_piece_encoder", lambda backend, fallback: None)
+    monkeypatch.setattr(labels, "_TOOLS", {})
+    monkeypatch.setattr(labels, "_piece_encoder", lambda backend, fallback: None)
     assert_same_results(fast, encode_conversations(prefix_free, conversations, DEFAULT))
 
 
@@ -805,7 +802,7 @@ def test_settings_that_transformers_leaves_on_the_backend_change_nothing(qwen_to
     after = encode_conversations(tok, conversations, DEFAULT)
     assert_same_results(before, after)
     assert after[0].input_ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
-    assert chat_template._backend_tools(tok.backend_tokenizer).pieces is not None
+    assert labels._backend_tools(tok.backend_tokenizer).pieces is not None
 
 
 def test_the_shared_tokenizer_is_only_read(toks):
@@ -817,7 +814,7 @@ def test_the_shared_tokenizer_is_only_read(toks):
     (result,) = encode_conversations(tok, [hostile("chatml")], DEFAULT)
     assert isinstance(result, EncodedExample)
     assert not backend.encode_special_tokens
-    assert chat_template._backend_tools(backend).text_backend is not backend
+    assert labels._backend_tools(backend).text_backend is not backend
 
 
 def test_examples_pickle_to_equal_writeable_int32_arrays():
@@ -920,10 +917,10 @@ def hostile_batch() -> list[Conversation]:
     return [good[0], Conversation((user(EVIL), assistant("Hello"))), good[1], good[2]]
 
 
-def assert_only_the_evil_one_fails(toks, results) -> RenderError:
+def assert_only_the_evil_one_fails(toks, results) -> Drop:
     batch = hostile_batch()
     expected = encode_conversations(toks["chatml"], batch[:1] + batch[2:], DEFAULT)
-    assert [type(r) for r in results] == [EncodedExample, RenderError, EncodedExample,
+    assert [type(r) for r in results] == [EncodedExample, Drop, EncodedExample,
                                           EncodedExample]
     for mine, theirs in zip(results[:1] + results[2:], expected, strict=True):
         assert np.array_equal(mine.input_ids, theirs.input_ids)
@@ -945,7 +942,7 @@ def test_an_endless_template_is_stopped_by_the_time_limit(toks, monkeypatch, bod
     """Loops that would run for hours stop after RENDER_TIME_LIMIT of CPU time; the other
     conversations of the batch encode exactly as with the plain template."""
     limit = 0.5
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", limit)
     tok = hostile_template(toks["chatml"], body)
     start = time.perf_counter()
     results = encode_conversations(tok, hostile_batch(), DEFAULT)
@@ -961,7 +958,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
     interruption never lands after its render has returned, here in the Python work that follows
     every batch (a stray one would raise out of it and fail the test)."""
     limit = 0.01
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", limit)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", limit)
     tok = hostile_template(toks["chatml"], "")
     tok.chat_template = ("{% for i in range(messages[0].content|int) %}"
                          "{% for j in range(100) %}{% endfor %}{% endfor %}" + template("chatml"))
@@ -974,7 +971,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
             loops = rng.integers(0, 20000, size=6)  # renders of 0 to ~2x the limit
             batch = [Conversation((user(str(n)), assistant("A"))) for n in loops]
             for result in encode_conversations(tok, batch, DEFAULT):
-                if isinstance(result, RenderError):
+                if isinstance(result, Drop):
                     assert result.reason == TEMPLATE_ERROR and "time limit" in result.message
                 seen.append(type(result).__name__)
             busy = 0
@@ -990,7 +987,7 @@ def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):
         thread.join()
     assert len(outcomes) == 3  # a thread that met a stray exception would not have reported
     seen = {kind for kinds in outcomes for kind in kinds}
-    assert seen == {"EncodedExample", "RenderError"}  # both sides of the race were exercised
+    assert seen == {"EncodedExample", "Drop"}  # both sides of the race were exercised
 
 
 def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
@@ -998,7 +995,7 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
     the render returns, while the rendering thread waits for the lock to disarm. Disarming then
     withdraws it, so it never lands in the code after the render. (White-box: this test plays
     the watchdog thread, holding the lock as it does while it raises.)"""
-    watchdog = chat_template._Watchdog(60.0)
+    watchdog = sandbox._Watchdog(60.0)
     rendering = watchdog._thread_id = threading.get_ident()
     watchdog.__enter__()
     watchdog._lock.acquire()
@@ -1006,7 +1003,7 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
     def interrupt() -> None:
         time.sleep(0.2)  # meanwhile the rendering thread blocks in __exit__, on the lock
         watchdog._interrupted = watchdog._render
-        chat_template._set_async_exc(rendering, chat_template._RenderTimeout)
+        sandbox._set_async_exc(rendering, sandbox.RenderTimeout)
         watchdog._lock.release()
 
     helper = threading.Thread(target=interrupt)
@@ -1031,8 +1028,8 @@ def test_an_interruption_that_arrives_as_the_render_leaves_is_withdrawn():
 ])
 def test_runaway_output_and_arithmetic_are_refused(toks, monkeypatch, body, found):
     """Size limits refuse a huge result before building it, or while the template writes it."""
-    monkeypatch.setattr(chat_template, "RENDER_MAX_CHARS", 1 << 20)
-    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", 60.0)  # the size limit comes first
+    monkeypatch.setattr(sandbox, "RENDER_MAX_CHARS", 1 << 20)
+    monkeypatch.setattr(sandbox, "RENDER_TIME_LIMIT", 60.0)  # the size limit comes first
     tok = hostile_template(toks["chatml"], body)
     failed = assert_only_the_evil_one_fails(
         toks, encode_conversations(tok, hostile_batch(), DEFAULT))

@@ -13,12 +13,8 @@ from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, Rejection
 from transforms.core.vocabulary import INSTRUCTION, Drop
 from transforms.instruction.adapters import to_conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    MaskOptions,
-    RenderError,
-    encode_conversations,
-)
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 from transforms.instruction.schema import (
     ConversationLimits,
     builtin_schema,
@@ -59,7 +55,7 @@ def test_arbitrary_json_is_routed_or_rejected_with_a_reason_never_raised(value, 
         assert error.reason
         return
     [result] = encode_conversations(qwen_tokenizer, [conversation], MaskOptions())
-    if isinstance(result, RenderError):
+    if isinstance(result, Drop):
         assert result.reason
         return
     assert isinstance(result, EncodedExample)

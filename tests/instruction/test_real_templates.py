@@ -57,14 +57,11 @@ from transforms.core.vocabulary import (
     TEMPLATE_ERROR,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
+    Drop,
 )
 from transforms.instruction.adapters import Conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    MaskOptions,
-    RenderError,
-    encode_conversations,
-)
+from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
 
@@ -182,13 +179,13 @@ def added_tokens_pattern(tok) -> re.Pattern:
     return re.compile("|".join(map(re.escape, contents)) or "(?!)")
 
 
-def compare(tok, ours: EncodedExample | RenderError, theirs: Reference | None) -> str | None:
-    """Why ``ours`` differs from the reference, or None. A RenderError is judged by the caller,
+def compare(tok, ours: EncodedExample | Drop, theirs: Reference | None) -> str | None:
+    """Why ``ours`` differs from the reference, or None. A Drop is judged by the caller,
     except no_trained_tokens where the reference trains nothing either."""
     if theirs is None:
-        return None if isinstance(ours, RenderError) and ours.reason == TEMPLATE_ERROR else (
+        return None if isinstance(ours, Drop) and ours.reason == TEMPLATE_ERROR else (
             f"transformers raised, we gave {ours!r:.200}")
-    if isinstance(ours, RenderError):
+    if isinstance(ours, Drop):
         if ours.reason == NO_TRAINED_TOKENS and theirs.mask is not None and not theirs.mask.any():
             return None
         return f"{ours.reason}: {ours.message:.300}"
@@ -248,7 +245,7 @@ class Swept:
 
     where: str
     conversation: Conversation
-    ours: EncodedExample | RenderError
+    ours: EncodedExample | Drop
     stock: str | None  # None: the stock template raises
 
 
@@ -305,10 +302,10 @@ class Family:
     def check(self, row: Swept) -> str | None:
         ours = row.ours
         if row.stock is None:
-            if not (isinstance(ours, RenderError) and ours.reason == TEMPLATE_ERROR):
+            if not (isinstance(ours, Drop) and ours.reason == TEMPLATE_ERROR):
                 return f"the stock template raises, we gave {ours!r:.200}"
             return None
-        if isinstance(ours, RenderError) and ours.reason == TOOLS_NOT_RENDERED:
+        if isinstance(ours, Drop) and ours.reason == TOOLS_NOT_RENDERED:
             if self.name not in NO_TOOL_SUPPORT or not has_tools(row.conversation):
                 return f"tools_not_rendered: {ours.message:.200}"
             return None
@@ -394,7 +391,7 @@ def test_stock_templates_without_tool_support_reject_only_conversations_with_too
     for name, f in families.items():
         for row in f.sweep(SAMPLE_PER_FILE).rows:
             ours = row.ours
-            if isinstance(ours, RenderError) and ours.reason == TOOLS_NOT_RENDERED:
+            if isinstance(ours, Drop) and ours.reason == TOOLS_NOT_RENDERED:
                 assert name in NO_TOOL_SUPPORT and has_tools(row.conversation), row.where
             if row.conversation.tools and name not in NO_TOOL_SUPPORT:
                 assert isinstance(ours, EncodedExample), row.where
@@ -439,7 +436,7 @@ def reasoning_conversations() -> tuple[Conversation, ...]:
 
 
 @functools.cache
-def reasoning_results(tok, options: MaskOptions) -> list[EncodedExample | RenderError]:
+def reasoning_results(tok, options: MaskOptions) -> list[EncodedExample | Drop]:
     return encode_conversations(tok, list(reasoning_conversations()), options)
 
 
@@ -702,7 +699,7 @@ def trl_without_tags(families, family: str, caps: tuple[int, int] | None) -> Non
                                                    strict=True):
         outcome = ours.mask_method if isinstance(ours, EncodedExample) else ours.reason
         outcomes[outcome] += 1
-        if isinstance(ours, RenderError):
+        if isinstance(ours, Drop):
             expected = (
                 theirs is None if ours.reason == TEMPLATE_ERROR
                 else family in NO_TOOL_SUPPORT and bool(conversation.tools)
@@ -759,5 +756,5 @@ def test_trl_deepseek_template_without_tags_is_not_prefix_stable(families):
     stripped = GENERATION_TAG.sub("", trl_template(TRL_TEMPLATES["deepseek_v3"]))
     rows = trl_conversations((20, 20))
     results = encode_conversations(with_template(f.tok, stripped), [c for _, c in rows], DEFAULT)
-    assert {r.reason for r in results if isinstance(r, RenderError)} == {TURN_NOT_LOCATED}
-    assert all(isinstance(r, RenderError) for r in results)
+    assert {r.reason for r in results if isinstance(r, Drop)} == {TURN_NOT_LOCATED}
+    assert all(isinstance(r, Drop) for r in results)

@@ -25,7 +25,7 @@ from transforms.core.vocabulary import (
     Drop,
 )
 from transforms.instruction.adapters import to_conversation
-from transforms.instruction.chat_template import inline_reasoning
+from transforms.instruction.rendering.renderer import inline_reasoning
 
 require_shared_data()
 

@@ -22,13 +22,12 @@ from transforms.core.tokenizer import BUILTIN_TEMPLATES, load_tokenizer
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import (
-    SYSTEM_NONE,
-    SYSTEM_TEMPLATE,
-    MaskOptions,
     check_system_prompt,
     encode_conversations,
     template_default_system,
 )
+from transforms.instruction.rendering.renderer import SYSTEM_NONE, SYSTEM_TEMPLATE
+from transforms.instruction.rendering.values import MaskOptions
 
 require_shared_data()
 

@@ -24,7 +24,7 @@ FILTERED = "filtered"
 FILE_FORMATS = ("jsonl", "json", "parquet", "text", "csv")
 INSTRUCTION_FORMATS = ("messages", "sharegpt", "prompt_response", "alpaca", "transcript")
 
-# How the instruction branch found a conversation's trained spans (chat_template's docstring).
+# How the instruction branch found a conversation's trained spans (docs/masking.md).
 PREFIX, FULL_RENDER, GENERATION_MARKERS = "prefix", "full_render", "generation_markers"
 MASK_METHODS = (PREFIX, FULL_RENDER, GENERATION_MARKERS)
 

@@ -53,12 +53,9 @@ from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
-from transforms.instruction.chat_template import (
-    EncodedExample,
-    RenderError,
-    start_encoding,
-)
+from transforms.instruction.chat_template import start_encoding
 from transforms.instruction.options import InstructionConfig
+from transforms.instruction.rendering.values import EncodedExample
 from transforms.instruction.schema import (
     ConversationLimits,
     RecordSchema,
@@ -178,7 +175,7 @@ class EncodeConversations(OverlappedStep):
         # The process's shared tokenizer: encoding only reads it (no private copy needed).
         self.tokenizer = load_tokenizer(self.tokenizer_spec, self.config.chat_template)
 
-    def start(self, chunk: ConversationChunk) -> Callable[[], list[EncodedExample | RenderError]]:
+    def start(self, chunk: ConversationChunk) -> Callable[[], list[EncodedExample | Drop]]:
         config = self.config
         return start_encoding(self.tokenizer, chunk.conversations, config.mask_options,
                               config.system_prompt, config.seq_len, config.overflow)
@@ -188,7 +185,7 @@ class EncodeConversations(OverlappedStep):
         results = started.handle()
         kept, origins = [], []
         for record, result in zip(chunk.records, results, strict=True):
-            if isinstance(result, RenderError):
+            if isinstance(result, Drop):
                 kind = REASONS[result.reason].kind
                 self.drop(Rejection.of(record, result.reason, result.message), kind=kind)
                 continue

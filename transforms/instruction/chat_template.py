@@ -1,247 +1,33 @@
-"""Chat-template rendering, assistant-only loss masks that work with any template, and overflow.
-
-Every conversation is rendered once in full, exactly as ``apply_chat_template(messages,
-tokenize=False)`` renders it; those are the tokens. The trained spans are character spans of
-that text, found by one of three methods (``EncodedExample.mask_method``; the manifest counts
-each):
-
-* ``generation_markers``: the template carries ``{% generation %}`` blocks (TRL's
-  ``*_training.jinja`` templates do); the blocks are the spans, tracked by transformers' own
-  extension as in ``return_assistant_tokens_mask``.
-* ``prefix``: stock templates carry no markers, so every trained turn ``i`` is located by
-  rendering prefixes: ``prompt_i``, ``messages[:i]`` with ``add_generation_prompt=True``
-  (everything the model has seen when it starts to write turn ``i``), and ``turn_i``,
-  ``messages[:i + 1]``. The span is ``turn_i[len(prompt_i):]`` with trailing whitespace
-  trimmed: what the model generates after the generation prompt, up to and including its
-  end-of-turn token. The whitespace after that token (ChatML's and Gemma's ``"\\n"``) is glue the
-  template writes between turns; the model stops at the end-of-turn token and never generates it.
-* ``full_render``: templates that rewrite history (Qwen3, DeepSeek-R1 and QwQ style templates
-  drop an earlier reply's reasoning once a later user turn exists) render a turn differently
-  alone and in the full conversation. Locating a turn: it starts where ``prompt_i`` ends in the
-  full rendering, or, when the history before it is rewritten too, right after its role header
-  (the first one after the previous turn, taken only where the header holds a control token and
-  no content holds control-token text, so no content can imitate it); the span is then the
-  longest tail of what the turn generates alone that the full rendering holds there, provided it
-  still holds the reply's content. Anything else is rejected as ``turn_not_located``, never
-  trained on a guess.
-
-Spans become token positions through the tokenizer's character offsets: a token is trained when
-it overlaps a span, the rule transformers applies to generation blocks. Where the tokenizer is
-proven to be the offline Qwen2 one, tiktoken encodes the text between added tokens and the same
-positions come from the tokens' byte lengths, with no offsets (``_PieceEncoder``).
-
-Reasoning. A reply's ``reasoning_content`` is rendered where the template puts it; a template
-that never reads the field gets it inline, ``<think>\\n...\\n</think>\\n\\n`` before the content
-(``inline_reasoning``), so no trace is lost. Under ``train_reasoning=False`` the reasoning text
-is cut out of the spans: each reply's reasoning is swapped for a probe, the conversation
-rendered again, and what surrounds the probe locates the reasoning in the full rendering (the
-``<think>`` tags stay trained). Tool calls and tool definitions that a template drops are
-rejected as ``tools_not_rendered``: the turn would teach an empty reply.
-
-Control-token text in content. A user message that contains the string ``<|im_end|>`` must not
-become the end-of-turn token, or one message could forge turn structure. Conversations whose
-strings hold a control token's text are encoded as transformers'
-``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them: the control tokens the
-template writes stay tokens, the ones in content are encoded as plain text. Every other
-conversation takes the plain path (one batched tokenizer call), whose ids are exactly those of
-``apply_chat_template(tokenize=True)``.
-
-Overflow. A conversation longer than ``max_tokens`` is dropped (``too_long``) or, under
-``truncate``, cut to its longest prefix that ends with an assistant turn and fits: the earliest
-turns are kept, so every trained reply still sees the whole context it answered, and the cut
-conversation is encoded like any other (under ``last_turn_only`` its last assistant turn is
-trained). When not even the first assistant turn fits, it is dropped as ``too_long``.
-
-System prompt (``system_prompt``). ``"template"`` renders a conversation without a system
-message as the template does, with whatever default it writes (as ``apply_chat_template``
-does); ``"none"`` adds nothing and passes ``default_system_message=""`` to the template, which
-the built-in templates read as "write no default system turn" (``template_default_system``
-finds a template that writes one regardless); any other text is added as the system message.
-A conversation's own system message is always kept.
-
-Rendering calls the tokenizer's compiled template directly, skipping ``apply_chat_template``'s
-per-call copying of the messages: canonical conversations hold only JSON values.
-
-Sandbox. A chat template is code from the tokenizer or ``--chat_template``. It is compiled in the
-environment transformers builds (Jinja's ``ImmutableSandboxedEnvironment``: no file access, no
-imports, no private attributes, ``range`` capped at 100,000 items) with limits on top:
-
-* every template render may use ``RENDER_TIME_LIMIT`` seconds of the rendering thread's CPU
-  time. Beam runs DoFns in worker threads, where ``signal.alarm`` cannot reach, so one watchdog
-  thread per batch raises an exception inside the rendering thread
-  (``PyThreadState_SetAsyncExc``); compiled templates are Python bytecode, so it lands within
-  the template's loop. A lock makes sure it never lands after the render has returned;
-* the rendered text may hold at most ``RENDER_MAX_CHARS`` characters, counted while the
-  template writes it; so may every ``{% set %}`` block, macro or call block, counted when it
-  is joined;
-* ``*`` may not build a string or list longer than that, and ``*`` and ``**`` no integer
-  wider than ``_MAX_INT_BITS`` bits: one such operation is a single C call that neither limit
-  could interrupt;
-* nothing is evaluated at compile time (Jinja folds constant expressions and filter calls
-  while it compiles, out of reach of any render limit).
-
-A template that breaks a limit fails that conversation with ``template_error`` and the batch goes
-on. Not bounded: memory that a template builds faster than the time limit catches it, with one
-C-level call (``replace``, ``center``, ``format`` with a large width) or a string doubled a few
-dozen times (``~``, ``+``, macro arguments). Records cannot do this, templates can: a template
-from an untrusted source should be read before it is used.
+"""Renders conversations with their chat template and masks the tokens that carry loss: the
+instruction branch's entry points, over the modules of ``rendering/``. What is trained, and why,
+is in docs/masking.md.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import ctypes
 import dataclasses
-import functools
-import gc
-import itertools
-import json
-import re
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from operator import itemgetter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from jinja2 import nodes
-from jinja2.compiler import CodeGenerator
-from jinja2.sandbox import SandboxedEnvironment
-from tokenizers import Tokenizer
-from transformers.utils.chat_template_utils import _compile_jinja_template
-
-from transforms.core.fast_encoder import (
-    SEPARATOR,
-    SEPARATOR_ID,
-    TiktokenEncoder,
-    encode_joined,
-    fast_raw_encoder,
-    joinable,
-    qwen2_encoding,
-)
-from transforms.core.fields import REASONING_CONTENT
-from transforms.core.records import strings_in
-from transforms.core.tokenizer import private_backend
-from transforms.core.vocabulary import (
-    CONTROL_TOKEN_TEXT,
-    FULL_RENDER,
-    GENERATION_MARKERS,
-    IGNORE_INDEX,
-    NO_TRAINED_TOKENS,
-    PREFIX,
-    TEMPLATE_ERROR,
-    TOO_LONG,
-    TOOLS_NOT_RENDERED,
-    TURN_NOT_LOCATED,
-    Drop,
-)
+from transforms.core.vocabulary import TEMPLATE_ERROR, TOO_LONG, Drop
 from transforms.instruction.adapters import Conversation
+from transforms.instruction.rendering.labels import Labeller
+from transforms.instruction.rendering.renderer import (
+    DEFAULT_SYSTEM_VARIABLE,
+    SYSTEM_NONE,
+    SYSTEM_TEMPLATE,
+    Renderer,
+)
+from transforms.instruction.rendering.spans import SpanFinder, trainable
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 if TYPE_CHECKING:
-    import jinja2
-    from tokenizers import Encoding
     from transformers import PreTrainedTokenizerBase
 
 OVERFLOW_POLICIES = ("truncate", "drop")
-# ``system_prompt`` values that are not a text (module docstring).
-SYSTEM_TEMPLATE, SYSTEM_NONE = "template", "none"
-# The template variable through which ``SYSTEM_NONE`` asks a template to leave its default out.
-DEFAULT_SYSTEM_VARIABLE = "default_system_message"
-
-# Limits of one template render (module docstring). A normal render takes ~0.1 ms, and one
-# prefix of a 2,000-turn conversation a few ms: the limits only stop runaway templates.
-RENDER_TIME_LIMIT = 5.0  # seconds of the rendering thread's CPU time
-RENDER_MAX_CHARS = 64 << 20  # characters of rendered text
-_MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a template
-
-# Unicode noncharacters ("for internal use"): they wrap control-token text found in content.
-_MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
-_PROBE = "\ufdd2\ufdd3"  # stands for a reply's reasoning while it is located (no newline: kept
-# as it is by the templates' strip('\n'))
-# Markup that is a control token in every family that writes it; ``[INST]`` is not checked,
-# since older Mistral tokenizers spell it out by design.
-_CONTROL_MARKUP = re.compile(r"<\|[^|\s]{1,64}\|>"  # ChatML, Llama 3
-                             r"|<\uff5c[^\uff5c\s]{1,64}\uff5c>"  # DeepSeek's full-width bars
-                             r"|<(?:start|end)_of_turn>")  # Gemma
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-@dataclasses.dataclass(frozen=True)
-class MaskOptions:
-    """Which assistant tokens carry loss."""
-
-    last_turn_only: bool = False  # train only the conversation's final assistant message
-    train_end_of_turn: bool = True  # train the end-of-turn token(s) that close each turn
-    train_reasoning: bool = True  # train the reasoning text the template renders in a reply
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedExample:
-    """One rendered conversation; ``labels`` is ``input_ids`` with -100 where no loss."""
-
-    input_ids: np.ndarray  # int32
-    labels: np.ndarray  # int32
-    tokens_cut: int = 0  # tokens the overflow policy removed (0: the whole conversation)
-    mask_method: str = PREFIX  # how the trained spans were found (MASK_METHODS)
-
-    def __reduce__(self) -> tuple:
-        """Pickled as one bytes object: about half the time of two pickled arrays, and Beam
-        pickles examples between steps and to estimate their size."""
-        ids, labels = self.input_ids, self.labels
-        if ids.dtype != _INT32_LE or labels.dtype != _INT32_LE or ids.ndim != 1 or labels.ndim != 1:
-            return (EncodedExample, (ids, labels, self.tokens_cut, self.mask_method))
-        return (_unpickle_example, (ids.tobytes() + labels.tobytes(), len(ids), self.tokens_cut,
-                                    self.mask_method))
-
-
-_INT32_LE = np.dtype("<i4")
-
-
-def _unpickle_example(data: bytes, n_ids: int, tokens_cut: int,
-                      mask_method: str = PREFIX) -> EncodedExample:
-    values = np.frombuffer(bytearray(data), dtype=_INT32_LE)  # writeable, like the originals
-    return EncodedExample(values[:n_ids], values[n_ids:], tokens_cut, mask_method)
-
-
-@dataclasses.dataclass(frozen=True)
-class RenderError:
-    """A conversation that yields no example, with a reason code for rejected/ or filtered/."""
-
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _Started:
-    """A batch whose texts are rendered and whose plain texts' tokens are on their way."""
-
-    results: list[EncodedExample | RenderError | None]  # None: an example to come
-    rendered: list[_Rendered]  # one per None above
-    plain: list[int]  # the rendered texts without control-token text, by index
-    tokens: Callable[[], _TokenRun] | None  # the plain texts' tokens, when done
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rendered:
-    text: str
-    spans: list[tuple[int, int]]  # character spans [start, end) of trained text
-    marked: str | None  # the text with control-token text from content marked, if it has any
-    method: str = PREFIX  # how the spans were found
-
-
-
-
-class TemplateLimitError(Exception):
-    """A template render that would pass ``RENDER_MAX_CHARS`` or ``_MAX_INT_BITS``."""
-
-
-class _RenderTimeout(BaseException):  # not an Exception: no handler may swallow it
-    """Raised inside the rendering thread by the watchdog; caught only by ``_Encoder._render``."""
-
-
-def encode_conversations(*args: Any, **kwargs: Any) -> list[EncodedExample | RenderError]:
+def encode_conversations(*args: Any, **kwargs: Any) -> list[EncodedExample | Drop]:
     """``start_encoding``'s results, waited for: one per conversation, in order."""
     return start_encoding(*args, **kwargs)()
 
@@ -253,7 +39,7 @@ def start_encoding(
     system_prompt: str = SYSTEM_TEMPLATE,
     max_tokens: int | None = None,
     overflow: str = "drop",
-) -> Callable[[], list[EncodedExample | RenderError]]:
+) -> Callable[[], list[EncodedExample | Drop]]:
     """Render, tokenize and mask a batch of conversations; the returned function gives one
     result per input, in order.
 
@@ -261,11 +47,11 @@ def start_encoding(
     tokenizer allows), so between the two the caller's thread is free for other work, such as
     rendering the next batch, while the encoder's threads run outside the GIL.
 
-    ``system_prompt`` is ``"template"``, ``"none"`` or a text (module docstring).
-    Conversations longer than ``max_tokens`` meet the ``overflow`` policy (module docstring).
+    ``system_prompt`` is ``"template"``, ``"none"`` or a text, and conversations longer than
+    ``max_tokens`` meet the ``overflow`` policy (docs/masking.md, "System prompt", "Overflow").
     One bad record cannot fail the batch: rendering is per conversation and each failure is a
-    ``RenderError``. The tokenizer is only read: control-token text in content is encoded as
-    plain text by a private copy of its backend.
+    ``Drop``. The tokenizer is only read: control-token text in content is encoded as plain text
+    by a private copy of its backend.
     """
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
@@ -273,12 +59,12 @@ def start_encoding(
         encoder = _Encoder(tok, options, system_prompt)
     except Exception as e:  # no chat template, or one that does not compile: every record says why
         message = f"chat template unusable: {type(e).__name__}: {e}"
-        errors = [RenderError(TEMPLATE_ERROR, message) for _ in conversations]
+        errors = [Drop(TEMPLATE_ERROR, message) for _ in conversations]
         return lambda: errors
     with encoder.watchdog.watching():  # one watchdog thread for the batch's renders
         started = encoder.start(conversations)
 
-    def finish() -> list[EncodedExample | RenderError]:
+    def finish() -> list[EncodedExample | Drop]:
         with encoder.watchdog.watching():  # overflow renders prefixes again
             results = encoder.finish(started)
             if max_tokens is not None:
@@ -296,10 +82,10 @@ def template_default_system(tok: PreTrainedTokenizerBase,
     conversation that has no system message; None where it writes none, or where the template
     cannot render a plain exchange (its records then fail with their own reason)."""
     try:
-        encoder = _Encoder(tok, MaskOptions(), system_prompt)
+        renderer = Renderer(tok, system_prompt)
     except Exception:
         return None
-    return encoder.default_system()
+    return renderer.default_system()
 
 
 def check_system_prompt(tok: PreTrainedTokenizerBase, system_prompt: str) -> None:
@@ -322,10 +108,10 @@ def check_template_tokens(tok: PreTrainedTokenizerBase, label: str) -> None:
     template, whose markup every record would be trained on spelled out as text. A template
     that cannot render a plain exchange passes: its records fail with their own reason."""
     try:
-        encoder = _Encoder(tok, MaskOptions())
+        renderer = Renderer(tok)
     except Exception:  # as in template_default_system: the records will say what is wrong
         return
-    foreign = encoder.foreign_markup(tok)
+    foreign = renderer.foreign_markup(tok)
     if foreign:
         raise ValueError(
             f"{label} writes {', '.join(foreign)}, which the tokenizer {tok.name_or_path!r} "
@@ -335,84 +121,46 @@ def check_template_tokens(tok: PreTrainedTokenizerBase, label: str) -> None:
             "text by design)")
 
 
+
 class _Encoder:
-    """What encoding needs from one tokenizer and template, looked up once per batch."""
+    """A batch's encoding: each conversation rendered and its spans found (``SpanFinder``), then
+    labelled (``Labeller``), and held to ``max_tokens`` (``fit``)."""
 
     def __init__(self, tok: PreTrainedTokenizerBase, options: MaskOptions,
                  system_prompt: str = SYSTEM_TEMPLATE) -> None:
-        self.tools = _backend_tools(tok.backend_tokenizer)
-        self.options = options
-        # The system message added to conversations without one, if any.
-        self.system_prompt = (None if system_prompt in (SYSTEM_TEMPLATE, SYSTEM_NONE)
-                              else system_prompt)
-        sources = {has_tools: tok.get_chat_template(tools=[{}] if has_tools else None)
-                   for has_tools in (False, True)}
-        compiled = {k: _compile(t) for k, t in sources.items()}
-        self.templates = {k: (t, dict(t.globals)) for k, t in compiled.items()}
-        self.has_markers = {k: bool(_GENERATION_TAG.search(t)) for k, t in sources.items()}
-        self.renders_reasoning = {k: REASONING_CONTENT in t for k, t in sources.items()}
-        self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
-        self.stage = ""  # what is being rendered, for error messages
-        self.template_kwargs = dict(tok.special_tokens_map)
-        if system_prompt == SYSTEM_NONE:
-            self.template_kwargs[DEFAULT_SYSTEM_VARIABLE] = ""
-        controls = _control_tokens(tok, tuple(sources.values()))
-        self.control_ids = frozenset(tok.convert_tokens_to_ids(list(controls)))
-        self.control_re = _alternation(controls)
-        self.joiner = "\0" if not any("\0" in token for token in controls) else None
-        self.markers_re = re.compile(
-            f"{_MARK_START}({self.control_re.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]")
-        self.end_ids = None if options.train_end_of_turn else _special_ids(tok)
+        self.renderer = Renderer(tok, system_prompt)
+        self.spans = SpanFinder(self.renderer, options)
+        self.labeller = Labeller(tok, options, self.renderer.control)
+        self.watchdog = self.renderer.sandbox.watchdog
 
-    def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | RenderError]:
+    def encode(self, conversations: Sequence[Conversation]) -> list[EncodedExample | Drop]:
         return self.finish(self.start(conversations))
 
     def start(self, conversations: Sequence[Conversation]) -> _Started:
         """Renders the conversations and starts encoding the plain ones in the background."""
-        results: list[EncodedExample | RenderError | None] = []
-        rendered: list[_Rendered] = []
+        results: list[EncodedExample | Drop | None] = []
+        rendered = []
         for conversation in conversations:
             try:
-                rendered.append(self._render(conversation))
+                rendered.append(self.spans.render(conversation))
                 results.append(None)
             except Drop as e:
-                results.append(RenderError(e.reason, e.message))
-        plain = [k for k, r in enumerate(rendered) if r.marked is None]
-        fast = self.tools.pieces
-        tokens = None if fast is None else fast.start([rendered[k].text for k in plain])
-        return _Started(results, rendered, plain, tokens)
+                results.append(e)
+        return _Started(results, self.labeller.start(rendered))
 
-    def finish(self, started: _Started) -> list[EncodedExample | RenderError]:
-        """Each conversation's example or error, in order, once its tokens are in."""
-        results, rendered, plain = started.results, started.rendered, started.plain
-        done: dict[int, EncodedExample | RenderError] = {}
-        # Ids and offsets are millions of small objects: a cyclic collection meanwhile would scan
-        # them all.
-        with _gc_paused():
-            if started.tokens is not None:
-                run = started.tokens()
-                fast = list(itertools.compress(plain, run.accepted))
-                done.update(zip(fast, self._masked_run(run, [rendered[k] for k in fast]),
-                                strict=True))
-            slow = [k for k in plain if k not in done]
-            if slow:
-                backend = self.tools.control_backend
-                encodings = backend.encode_batch([rendered[k].text for k in slow],
-                                                 add_special_tokens=False)
-                done.update((k, self._example(rendered[k], encoding))
-                            for k, encoding in zip(slow, encodings, strict=True))
-            examples = iter([done[k] if k in done else self._example(r, None)
-                             for k, r in enumerate(rendered)])
-        return [result if result is not None else next(examples) for result in results]
+    def finish(self, started: _Started) -> list[EncodedExample | Drop]:
+        """Each conversation's example or drop, in order, once its tokens are in."""
+        examples = iter(started.examples())
+        return [result if result is not None else next(examples) for result in started.results]
 
     def fit(self, conversation: Conversation, example: EncodedExample, max_tokens: int,
-            overflow: str) -> EncodedExample | RenderError:
+            overflow: str) -> EncodedExample | Drop:
         """The overflow policy for one conversation longer than ``max_tokens``."""
         too_long = f"{len(example.input_ids)} tokens > seq_len {max_tokens}"
         if overflow == "drop":
-            return RenderError(TOO_LONG, too_long)
-        messages = self._messages(conversation)
-        ends = [i + 1 for i, m in enumerate(messages[:-1]) if _trainable(m)]
+            return Drop(TOO_LONG, too_long)
+        messages = self.renderer.messages(conversation)
+        ends = [i + 1 for i, m in enumerate(messages[:-1]) if trainable(m)]
         # Longer prefixes render to more tokens: binary search for the longest that fits.
         best, low, high = None, 0, len(ends) - 1
         while low <= high:
@@ -424,819 +172,14 @@ class _Encoder:
             else:
                 high = middle - 1
         if best is None:
-            return RenderError(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
-                               "assistant turn fits")
+            return Drop(TOO_LONG, f"{too_long}, and no prefix of it that ends with an "
+                        "assistant turn fits")
         return dataclasses.replace(best, tokens_cut=len(example.input_ids) - len(best.input_ids))
-
-    def default_system(self) -> str | None:
-        """The system text the template writes into a conversation that has no system message
-        (None: it writes none), found by rendering a short exchange with a probe system message
-        and without one: a template that fills in a default renders the same text around it."""
-        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-        probed = [{"role": "system", "content": _PROBE}, *exchange]
-        with self.watchdog.watching():
-            try:
-                bare, full = (self._render_text(m, None) for m in (exchange, probed))
-            except (Exception, _RenderTimeout):  # a template that cannot say: records will
-                return None
-        before, found, after = full.partition(_PROBE)
-        if (not found or len(bare) < len(before) + len(after) or not bare.startswith(before)
-                or not bare.endswith(after)):
-            return None
-        return bare[len(before):len(bare) - len(after)] or None
-
-    def foreign_markup(self, tok: PreTrainedTokenizerBase) -> list[str]:
-        """Control markup in a rendered exchange (``<|name|>``, DeepSeek's full-width form,
-        Gemma's turn markers) that the tokenizer encodes as more than one token."""
-        exchange = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-        with self.watchdog.watching():
-            try:
-                text = self._render_text(exchange, None)
-            except (Exception, _RenderTimeout):
-                return []
-        found = dict.fromkeys(_CONTROL_MARKUP.findall(text))
-        return [markup for markup in found
-                if len(tok.encode(markup, add_special_tokens=False)) != 1]
-
-    def _added_in_front(self, conversation: Conversation) -> int:
-        """How many messages ``_messages`` puts before the conversation's own."""
-        return int(bool(self.system_prompt)
-                   and not any(m["role"] == "system" for m in conversation.messages))
-
-    def _messages(self, conversation: Conversation) -> list[dict]:
-        """The messages the template sees: the system prompt added where there is none, and
-        reasoning inline in the reply for a template that does not render ``reasoning_content``
-        itself (``inline_reasoning``)."""
-        messages = list(conversation.messages)
-        if self._added_in_front(conversation):
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        if not self.renders_reasoning[bool(conversation.tools)]:
-            messages = [inline_reasoning(m) if REASONING_CONTENT in m else m for m in messages]
-        return messages
-
-    def _render_text(self, messages: Sequence[dict], tools: list[dict] | None,
-                     generation_prompt: bool = False,
-                     blocks: list[tuple[int, int]] | None = None) -> str:
-        """The template's text; ``blocks``, where given, receives the character spans of its
-        ``{% generation %}`` blocks (transformers' tracker, as in ``apply_chat_template``)."""
-        template, template_globals = self.templates[tools is not None]
-        # What ``template.render`` does, less merging the globals (a ChainMap) on every call.
-        context = template.new_context(
-            {**template_globals, "messages": messages, "tools": tools, "documents": None,
-             "add_generation_prompt": generation_prompt, **self.template_kwargs}, shared=True)
-        environment = template.environment
-        with self.watchdog:  # may raise _RenderTimeout
-            try:
-                if blocks is None:
-                    return environment.concat(template.root_render_func(context))
-                pieces: list[str] = []
-                with environment.activate_tracker(pieces, blocks):
-                    pieces.extend(template.root_render_func(context))
-                return environment.concat(pieces)
-            except Exception:
-                environment.handle_exception()  # re-raises, with the template's lines
-
-    def _render(self, conversation: Conversation) -> _Rendered:
-        """The full text and the character spans to train, or ``Drop``."""
-        messages = self._messages(conversation)
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if self.options.last_turn_only:
-            turns = turns[-1:]
-        # A turn with nothing to say teaches the model to stop at once; it is not trained.
-        turns = [i for i in turns if _trainable(messages[i])]
-        if not turns:
-            raise Drop(NO_TRAINED_TOKENS, "no assistant turn with content to train")
-
-        tools = list(conversation.tools) if conversation.tools else None
-        self.stage = "the conversation"
-        try:
-            blocks = [] if self.has_markers[tools is not None] else None
-            full = self._render_text(messages, tools, blocks=blocks)
-            if blocks is not None:
-                spans = self._marked_spans(messages, tools, turns, full, blocks)
-                method = GENERATION_MARKERS
-            else:
-                spans, method = self._located_spans(messages, tools, turns, full)
-            if not self.options.train_reasoning:
-                self.stage = "the conversation with a reasoning probe"
-                spans = self._without_reasoning(conversation, tools, turns, full, spans)
-            marked = None
-            if self._holds_control_text(messages, tools):
-                self.stage = "the conversation with control-token text marked"
-                marked = self._render_text(_mark(messages, self.control_re),
-                                           _mark(tools, self.control_re))
-        except Drop:
-            raise
-        except _RenderTimeout:
-            message = (f"chat template exceeded the time limit on {self.stage}: one render took "
-                       f"more than {self.watchdog.limit:g} s of CPU time")
-            raise Drop(TEMPLATE_ERROR, message) from None
-        except Exception as e:  # templates are arbitrary code: any failure rejects the record
-            message = f"chat template failed on {self.stage}: {type(e).__name__}: {e}"
-            raise Drop(TEMPLATE_ERROR, message) from e
-        _check_tools_rendered(full, spans, tools, [messages[i] for i in turns])
-        if marked is not None and self.markers_re.sub(_unmark, marked) != full:
-            raise Drop(CONTROL_TOKEN_TEXT, "the template alters content that holds "
-                                "control-token text, so it cannot be kept as plain text")
-        return _Rendered(full, spans, marked, method)
-
-    def _located_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
-                       full: str) -> tuple[list[tuple[int, int]], str]:
-        """Each turn's span, located by rendering the conversation prefix by prefix
-        (``_locate_turn``), and the method that took: ``full_render`` where any turn or the
-        history before it renders differently in ``full``."""
-        spans, method = [], PREFIX
-        for i in turns:
-            # An assistant turn first in the conversation needs the template to render an empty
-            # history with a generation prompt.
-            self.stage = f"the generation prompt before assistant message {i}"
-            prompt = self._render_text(messages[:i], tools, generation_prompt=True)
-            start = len(prompt) if full.startswith(prompt) else None
-            if start is None:  # the history before the turn is rewritten in ``full``
-                self.stage = f"the conversation before assistant message {i}"
-                history = self._render_text(messages[:i], tools)
-                after = spans[-1][1] if spans else 0
-                start = self._after_header(full, prompt, history, after, messages, tools)
-            self.stage = f"the conversation up to assistant message {i}"
-            last = i + 1 == len(messages)
-            turn = full if last else self._render_text(messages[: i + 1], tools)
-            span, rewritten = _locate_turn(full, start, prompt, turn, messages[i], i)
-            spans.append(span)
-            method = FULL_RENDER if rewritten else method
-        return spans, method
-
-    def _after_header(self, full: str, prompt: str, history: str, after: int,
-                      messages: list[dict], tools: list[dict] | None) -> int | None:
-        """Where a turn starts in ``full`` when the history before it renders differently there:
-        after the first role header (the generation prompt less the history it follows) at or
-        after ``after``, the end of the turn before. That is the turn's own header only when no
-        content can hold the header's text: the header holds a control token and no content
-        holds control-token text. Otherwise None: not located."""
-        header = prompt[len(history):] if prompt.startswith(history) else ""
-        if not self.control_re.search(header) or self._holds_control_text(messages, tools):
-            return None
-        at = full.find(header, after)
-        return None if at < 0 else at + len(header)
-
-    def _marked_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
-                      full: str, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The template's own ``{% generation %}`` blocks; under ``last_turn_only`` those that
-        follow the generation prompt of the last assistant turn."""
-        if not self.options.last_turn_only:
-            return list(blocks)
-        prompt = self._render_text(messages[: turns[-1]], tools, generation_prompt=True)
-        if not full.startswith(prompt):
-            raise Drop(TURN_NOT_LOCATED, "the generation prompt before the last "
-                                "assistant message is not a prefix of the full rendering")
-        return [(a, b) for a, b in blocks if a >= len(prompt)]
-
-    def _without_reasoning(self, conversation: Conversation, tools: list[dict] | None,
-                           turns: list[int], full: str, spans: list[tuple[int, int]]
-                           ) -> list[tuple[int, int]]:
-        """``spans`` less the reasoning text each trained turn renders (``--train_reasoning``).
-
-        Each turn's reasoning is swapped for a probe and the conversation rendered again; what
-        surrounds the probe is what surrounds the reasoning in the full rendering.
-        """
-        offset = self._added_in_front(conversation)  # a system prompt
-        for i in turns:
-            reasoning = conversation.messages[i - offset].get(REASONING_CONTENT)
-            if not reasoning:
-                continue
-            probed = list(conversation.messages)
-            probed[i - offset] = {**probed[i - offset], REASONING_CONTENT: _PROBE}
-            text = self._render_text(self._messages(Conversation(tuple(probed),
-                                                                  conversation.tools)), tools)
-            region = _probed_region(full, text, i)
-            if region is not None:
-                spans = _subtract(spans, region)
-        return spans
-
-    def _holds_control_text(self, messages: list[dict], tools: list[dict] | None) -> bool:
-        search = self.control_re.search
-        contents = [m["content"] for m in messages]
-        # One search over all contents where no control token holds the separator (then no
-        # match can span two messages).
-        if (search(self.joiner.join(contents)) if self.joiner is not None
-                else any(map(search, contents))):
-            return True
-        calls = [m["tool_calls"] for m in messages if "tool_calls" in m]
-        return bool(calls or tools) and any(search(text) for text in strings_in((calls, tools)))
-
-    def _example(self, rendered: _Rendered, plain: Encoding | None
-                 ) -> EncodedExample | RenderError:
-        """One example from the backend's encoding of its text, or of its marked rendering
-        (``plain`` None)."""
-        if plain is not None:
-            ids, offsets = plain.ids, plain.offsets
-        else:
-            try:
-                ids, offsets = self._encode_marked(rendered.marked)
-            except Drop as e:
-                return RenderError(e.reason, e.message)
-        input_ids = np.asarray(ids, dtype=np.int32)
-        ranges = list(_token_ranges(offsets, rendered.spans))
-        first = np.array([a for a, _ in ranges], dtype=np.int64)
-        stop = np.array([b for _, b in ranges], dtype=np.int64)
-        return self._labelled(_TokenRun(input_ids, [0, len(input_ids)]), first, stop,
-                              [rendered.method])[0]
-
-    def _masked_run(self, run: _TokenRun, rendered: list[_Rendered]
-                    ) -> list[EncodedExample | RenderError]:
-        """The examples of texts encoded end to end (``_PieceEncoder``), all masked at once.
-
-        Each span's tokens are found from byte offsets: a token's character offsets are the
-        characters its bytes fall in, and spans start and end at character boundaries, so a
-        token overlaps a span in characters exactly when it does in bytes (a token holding part
-        of a character counts as holding all of it). A text's tokens end after every earlier
-        text's and before every later text's, so one search over the whole run finds them.
-        """
-        owners, lows, highs = [], [], []
-        for i, r in enumerate(rendered):
-            to_bytes = ((lambda at: at) if r.text.isascii()
-                        else (lambda at, text=r.text: len(text[:at].encode("utf-8"))))
-            for start, end in r.spans:
-                if end > start:
-                    owners.append(i)
-                    lows.append(to_bytes(start))
-                    highs.append(to_bytes(end))
-        owner = np.array(owners, dtype=np.int64)
-        bounds = np.array(run.bounds, dtype=np.int64)
-        base = run.ends[bounds[:-1]][owner]  # byte offset of each span's text in the run
-        token_ends = run.ends[1:]
-        first = np.searchsorted(token_ends, base + np.array(lows, dtype=np.int64), "right")
-        # Tokens starting before the span's end: those ending before it, and one more.
-        stop = np.minimum(np.searchsorted(token_ends, base + np.array(highs, dtype=np.int64),
-                                          "left") + 1, bounds[owner + 1])
-        return self._labelled(run, first, stop, [r.method for r in rendered])
-
-    def _labelled(self, run: _TokenRun, first: np.ndarray, stop: np.ndarray,
-                  methods: list[str]) -> list[EncodedExample | RenderError]:
-        """Each text's example: labels are the ids in the token ranges [first, stop), less the
-        end-of-turn tokens that close a range unless they are trained; an error for a text
-        with no trained token."""
-        keep = stop > first
-        first, stop = first[keep], stop[keep]
-        if self.end_ids is not None:
-            end_ids = np.fromiter(self.end_ids, dtype=np.int64, count=len(self.end_ids))
-            while True:
-                closing = (stop > first) & np.isin(run.ids[stop - 1], end_ids)
-                if not closing.any():
-                    break
-                stop = stop - closing
-        depth = np.zeros(len(run.ids) + 1, dtype=np.int64)
-        np.add.at(depth, first, 1)
-        np.add.at(depth, stop, -1)
-        trained = np.cumsum(depth[:-1]) > 0
-        labels = np.where(trained, run.ids, IGNORE_INDEX).astype(np.int32)
-        counts = np.concatenate(([0], np.cumsum(trained)))[run.bounds]
-        return [EncodedExample(run.ids[a:b], labels[a:b], mask_method=method) if n_end > n_start
-                else RenderError(NO_TRAINED_TOKENS, "no token of the rendered text is trained")
-                for a, b, n_start, n_end, method in zip(
-                    run.bounds, run.bounds[1:], counts.tolist(), counts[1:].tolist(), methods,
-                    strict=False)]
-
-    def _encode_marked(self, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and offsets (into the unmarked text) of a marked rendering.
-
-        As in transformers' ``encode_marked_chat``: the text between marked tokens is encoded
-        normally, each marked token as plain text, each piece after the first behind a newline
-        that is then dropped (so a SentencePiece tokenizer adds no prefix space).
-        """
-        ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
-        position = 0
-        for k, piece in enumerate(self.markers_re.split(marked)):
-            if not piece:  # an empty text piece, or None for a lone marker
-                continue
-            as_text = k % 2 == 1
-            piece_ids, piece_offsets = self._encode_piece(piece, as_text, first=k == 0)
-            if as_text and self.control_ids.intersection(piece_ids):
-                raise Drop(CONTROL_TOKEN_TEXT, f"the tokenizer encodes {piece!r} as a "
-                                    "control token even as plain text")
-            ids += piece_ids
-            offsets += [(position + a, position + b) for a, b in piece_offsets]
-            position += len(piece)
-        return ids, offsets
-
-    def _encode_piece(self, piece: str, as_text: bool, first: bool
-                      ) -> tuple[list[int], list[tuple[int, int]]]:
-        # Control-token text as plain text: the private copy with ``encode_special_tokens`` set.
-        backend = self.tools.text_backend if as_text else self.tools.control_backend
-        if not first:
-            newline = backend.encode("\n", add_special_tokens=False).ids
-            encoding = backend.encode("\n" + piece, add_special_tokens=False)
-            if encoding.ids[: len(newline)] == newline:
-                shifted = [(a - 1, b - 1) for a, b in encoding.offsets[len(newline) :]]
-                return encoding.ids[len(newline) :], shifted
-        encoding = backend.encode(piece, add_special_tokens=False)
-        return encoding.ids, encoding.offsets
-
-
-# --- encoding without offsets -------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class _TokenRun:
-    """Texts' tokens end to end, so that a batch is masked with a few array operations."""
-
-    ids: np.ndarray  # int32
-    bounds: list[int]  # where each text's tokens start, then the total
-    ends: np.ndarray | None = None  # int64: 0, then the byte offset at which each token ends
-    accepted: Sequence[bool] = ()  # which of the texts given to ``_PieceEncoder`` are here
-
-
-class _PieceEncoder:
-    """Encodes rendered texts without offsets, with ids proven equal to the backend's.
-
-    The backend cuts a text at its added tokens first and encodes each piece between them on its
-    own (normalised, pre-tokenised, BPE); no merge ever crosses an added token. Where the backend
-    is the offline Qwen2 tokenizer (``fast_raw_encoder`` proves it, and ``_piece_encoder`` that
-    every added token is matched as written, without stripping, and is no prefix of another),
-    tiktoken does the same with the added tokens as its special tokens: it takes the first token
-    that matches at a position, the backend the longest, and with no token a prefix of another
-    they are the same. It encodes a thread's share of the texts in one call (``encode_joined``).
-    A piece that normalisation would change (not NFC) or that cannot be UTF-8 (lone surrogates)
-    sends its whole text back to the backend, so byte offsets are always offsets into the text
-    itself; token ends are cumulative byte lengths of the tokens.
-    """
-
-    def __init__(self, backend: Tokenizer, fast: TiktokenEncoder) -> None:
-        self.fast = fast
-        self.normalize = backend.normalizer.normalize_str
-        added = backend.get_added_tokens_decoder()
-        added_ids = {token.content: i for i, token in added.items()}
-        self.split = re.compile(f"({_alternation(tuple(added_ids)).pattern})").split
-        self.added = frozenset(added_ids)
-        self.joined = joinable(added_ids)
-        self.encoding = qwen2_encoding(
-            backend, {**added_ids, SEPARATOR: SEPARATOR_ID} if self.joined else added_ids)
-        vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
-        self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
-        self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
-            map(len, vocab), np.int64, len(vocab))
-        for i, token in added.items():
-            self.nbytes[i] = len(token.content.encode("utf-8"))
-
-    def _plain(self, text: str) -> bool:
-        """Whether every piece of ``text`` between added tokens is UTF-8 and NFC already."""
-        for piece in self.split(text)[::2]:
-            if piece.isascii():
-                continue
-            try:
-                piece.encode("utf-8")
-            except UnicodeEncodeError:
-                return False
-            if self.normalize(piece) != piece:
-                return False
-        return True
-
-    def start(self, texts: Sequence[str]) -> Callable[[], _TokenRun]:
-        """Starts encoding the texts on the tiktoken encoder's threads; the returned function
-        waits and gives the tokens of those it took (the others the backend must encode)."""
-        plain = [text.isascii() or self._plain(text) for text in texts]
-        encoded = self.fast.submit_slices(self._encode_slice,
-                                          list(itertools.compress(texts, plain)))
-        return lambda: self._assemble(plain, encoded())
-
-    def _encode_slice(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's ids, in one tiktoken call where ``encode_joined`` can make it."""
-        found = encode_joined(self.encoding, texts) if self.joined else None
-        if found is None:  # the separator's text, if a text holds it, is text
-            found = [self.encoding.encode_to_numpy(text, allowed_special=self.added,
-                                                   disallowed_special=())
-                     for text in texts]
-        return found
-
-    def _assemble(self, plain: list[bool], encoded: list[np.ndarray]) -> _TokenRun:
-        bounds = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=bounds[1:])
-        array = (np.concatenate(encoded).astype(np.int32, copy=False) if encoded
-                 else np.empty(0, dtype=np.int32))
-        ends = np.zeros(len(array) + 1, dtype=np.int64)
-        np.cumsum(self.nbytes[array], out=ends[1:])
-        return _TokenRun(array, bounds.tolist(), ends, plain)
-
-
-def _piece_encoder(backend: Tokenizer, fallback: Callable[[str], list[int]]
-                   ) -> _PieceEncoder | None:
-    """A ``_PieceEncoder`` where its ids are proven equal to the backend's, else None.
-
-    ``fallback`` encodes one text as the backend does without ``encode_special_tokens``.
-    """
-    post = backend.post_processor
-    if post is not None and json.loads(post.__getstate__()).get("trim_offsets", False):
-        return None  # trimmed offsets are not the tokens' bytes
-    added = backend.get_added_tokens_decoder().values()
-    if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added):
-        return None  # matched around or after normalisation: not a plain split of the text
-    # In sorted order a token that is a prefix of others comes just before one of them.
-    if any(b.startswith(a) for a, b in itertools.pairwise(sorted(t.content for t in added))):
-        return None  # tiktoken's first match at a position may not be the backend's longest
-    fast = fast_raw_encoder(backend, fallback)
-    return None if fast is None else _PieceEncoder(backend, fast)
-
-
-class _BackendTools:
-    """What encoding derives from one backend, made once per process and backend.
-
-    Encoding never uses the shared backend itself, whose settings other callers change
-    (``private_backend``), but tiktoken where it is proven and otherwise two private copies,
-    made when first needed.
-    """
-
-    def __init__(self, backend: Tokenizer, signature: tuple) -> None:
-        self.backend = backend
-        self.signature = signature
-
-    @functools.cached_property
-    def control_backend(self) -> Tokenizer:
-        """A private copy that encodes added-token text as the added tokens."""
-        return private_backend(self.backend, encode_special_tokens=False)
-
-    @functools.cached_property
-    def text_backend(self) -> Tokenizer:
-        """A private copy that encodes added-token text as plain text."""
-        return private_backend(self.backend, encode_special_tokens=True)
-
-    @functools.cached_property
-    def pieces(self) -> _PieceEncoder | None:
-        return _piece_encoder(self.backend, lambda text: self.control_backend.encode(
-            text, add_special_tokens=False).ids)
-
-
-_TOOLS: dict[int, _BackendTools] = {}
-_TOOLS_LOCK = threading.Lock()
-
-
-def _backend_tools(backend: Tokenizer) -> _BackendTools:
-    """The backend's ``_BackendTools``, made again if its added tokens changed."""
-    signature = tuple((i, t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
-                      for i, t in sorted(backend.get_added_tokens_decoder().items()))
-    with _TOOLS_LOCK:
-        tools = _TOOLS.get(id(backend))
-        if tools is None or tools.backend is not backend or tools.signature != signature:
-            while len(_TOOLS) >= 16:
-                _TOOLS.pop(next(iter(_TOOLS)))
-            tools = _TOOLS[id(backend)] = _BackendTools(backend, signature)
-        return tools
-
-
-# --- sandbox limits ------------------------------------------------------------------------
-
-
-class _NoFoldingCodeGenerator(CodeGenerator):
-    """Jinja's code generator, except that it evaluates nothing while compiling.
-
-    Jinja turns an output expression with constant operands (``{{ 'x'|center(10000000000) }}``)
-    into its value at compile time, whatever the ``optimized`` setting; with ``optimized=False``
-    this is the only place left where compiling runs template code.
-    """
-
-    def _output_child_to_const(self, node: nodes.Expr, frame: Any, finalize: Any) -> str:
-        if not isinstance(node, (nodes.TemplateData, nodes.Const)):  # literals only
-            raise nodes.Impossible()
-        return super()._output_child_to_const(node, frame, finalize)
-
-    def visit_EvalContextModifier(self, node: nodes.EvalContextModifier, frame: Any) -> None:
-        # ``{% autoescape EXPR %}`` folds EXPR; only a literal is taken at compile time.
-        for keyword in node.options:
-            self.writeline(f"context.eval_ctx.{keyword.key} = ")
-            self.visit(keyword.value, frame)
-            if isinstance(keyword.value, nodes.Const):
-                setattr(frame.eval_ctx, keyword.key, keyword.value.value)
-            else:
-                frame.eval_ctx.volatile = True
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-class _Limits:
-    """Mixed into the class of transformers' sandboxed environment (see ``_compile``)."""
-
-    code_generator_class = _NoFoldingCodeGenerator
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for items, times in ((left, right), (right, left)):
-                if (isinstance(items, (str, list, tuple)) and isinstance(times, int)
-                        and len(items) * times > RENDER_MAX_CHARS):
-                    raise TemplateLimitError(
-                        f"'*' would build {len(items) * times:,} items, more than "
-                        f"RENDER_MAX_CHARS {RENDER_MAX_CHARS:,}")
-            if (isinstance(left, int) and isinstance(right, int)
-                    and left.bit_length() + right.bit_length() > _MAX_INT_BITS):
-                raise TemplateLimitError(f"'*' would build an integer wider than {_MAX_INT_BITS} "
-                                         "bits")
-        elif (operator == "**" and isinstance(left, int) and isinstance(right, int)
-              and abs(left) > 1 and right * (left.bit_length() - 1) >= _MAX_INT_BITS):
-            raise TemplateLimitError(f"'**' would build an integer wider than {_MAX_INT_BITS} bits")
-        return super().call_binop(context, operator, left, right)  # type: ignore[misc]
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        """``message.role`` on a plain dict without the sandbox's failed ``getattr`` first: a
-        name that ``dict`` lacks is never an attribute of one, so Jinja would look the key up."""
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return self.undefined(obj=obj, name=attribute)  # type: ignore[attr-defined]
-        return super().getattr(obj, attribute)  # type: ignore[misc]
-
-    def concat(self, pieces: Any) -> str:
-        """``"".join``, counting characters as the template produces them."""
-        kept = []
-        size = 0
-        for piece in pieces:
-            size += len(piece)
-            if size > RENDER_MAX_CHARS:
-                raise TemplateLimitError(f"the rendered text passes RENDER_MAX_CHARS "
-                                         f"{RENDER_MAX_CHARS:,} characters")
-            kept.append(piece)
-        return "".join(kept)
-
-
-@functools.cache
-def _limited(sandbox: type) -> type:
-    return type(f"Limited{sandbox.__name__}", (_Limits, sandbox), {})
-
-
-@functools.lru_cache(maxsize=64)
-def _compile(source: str) -> jinja2.Template:
-    """``source`` compiled in transformers' chat-template environment, with ``_Limits``.
-
-    The environment comes from compiling an empty template: compiling ``source`` itself there
-    would fold its constant expressions, outside any limit.
-    """
-    base = _compile_jinja_template("").environment
-    if not isinstance(base, SandboxedEnvironment):  # never render a template unsandboxed
-        raise TypeError(f"transformers compiles chat templates in a {type(base).__name__}, "
-                        "not in a Jinja sandbox")
-    env = base.overlay(optimized=False)  # its globals, filters and extensions; no folding
-    env.__class__ = _limited(type(base))  # the same class with _Limits first in its MRO
-    return env.from_string(source)
-
-
-def _async_exc_function(argument: type) -> Any:
-    prototype = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, argument)
-    return prototype(("PyThreadState_SetAsyncExc", ctypes.pythonapi))
-
-
-# Private prototypes: ctypes.pythonapi's own function object is shared with other libraries.
-_set_async_exc = _async_exc_function(ctypes.py_object)
-_clear_async_exc = _async_exc_function(ctypes.c_void_p)  # None is NULL: clears a pending one
-
-
-class _Watchdog:
-    """Interrupts a render of one thread that runs past ``limit`` seconds of that thread's CPU
-    time (up to a quarter more: the watchdog looks every ``limit / 8``).
-
-    ``with watchdog.watching():`` runs the watchdog thread for a batch; ``with watchdog:``
-    bounds one render, which then may raise ``_RenderTimeout``. Per render that costs two
-    uncontended lock acquisitions (about 1 us in all); the thread wakes eight times per
-    ``limit``, reading the rendering thread's CPU clock.
-
-    The exception is raised at most once per render, under the lock, and only while that render
-    is armed. Leaving the block disarms under the same lock and clears the exception if it was
-    raised but has not landed yet (an asynchronous exception lands at the thread's next bytecode
-    boundary), so it can never surface after the block. If it lands in ``__exit__`` itself, it
-    surfaces from the block, which is where it belongs.
-    """
-
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._armed = False
-        self._render = self._interrupted = 0  # the current render's number, the last stopped
-        self._thread_id = 0
-        self._cpu_time = time.monotonic
-
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[None]:
-        self._thread_id = threading.get_ident()
-        clock_id = getattr(time, "pthread_getcpuclockid", None)
-        if clock_id is not None:  # CPU time: threads queuing for the GIL do not age a render
-            self._cpu_time = functools.partial(time.clock_gettime, clock_id(self._thread_id))
-        self._stopped.clear()
-        watcher = threading.Thread(target=self._watch, name="chat-template-watchdog", daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._armed = False
-            self._stopped.set()
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self._render += 1
-            self._armed = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            self._armed = False
-            if self._interrupted == self._render:
-                _clear_async_exc(self._thread_id, None)
-
-    def _watch(self) -> None:
-        seen, since = 0, 0.0  # the render last seen running, and the CPU time when first seen
-        while not self._stopped.wait(self.limit / 8):
-            with self._lock:
-                if not self._armed or self._interrupted == self._render:
-                    continue
-                now = self._cpu_time()
-                if self._render != seen:
-                    seen, since = self._render, now
-                elif now - since >= self.limit:
-                    self._interrupted = self._render
-                    if _set_async_exc(self._thread_id, _RenderTimeout) > 1:  # cannot happen
-                        _clear_async_exc(self._thread_id, None)
-
-
-def _trainable(message: dict) -> bool:
-    """An assistant message with something to say: content or tool calls."""
-    return message["role"] == "assistant" and bool(
-        message["content"].strip() or message.get("tool_calls"))
-
-
-def _locate_turn(full: str, start: int | None, prompt: str, turn: str, message: dict, i: int
-                 ) -> tuple[tuple[int, int], bool]:
-    """The trained character span of assistant message ``i`` in ``full``, and whether the
-    template rewrote the turn or the history before it there (module docstring, "Locating a
-    turn").
-
-    ``start`` is where the turn starts in ``full`` (None: not found), ``prompt`` renders the
-    messages before the turn with the generation prompt, ``turn`` those up to and including it.
-    What the model generates when the turn is the last one, ``turn[len(prompt):]`` less the glue
-    after its end-of-turn token, is in ``full`` at ``start`` as it is (prefix-stable), or only
-    its tail is, when the template drops a leading part (reasoning) from earlier replies: then
-    the longest tail that ``full`` holds at ``start`` is the span, provided it still holds the
-    reply's content.
-    """
-    if start is None or not turn.startswith(prompt):
-        raise Drop(TURN_NOT_LOCATED, f"the start of assistant message {i} cannot be "
-                            "found in the full rendering: the template rewrites the conversation "
-                            "before it")
-    generated = turn[len(prompt):].rstrip()
-    if full.startswith(generated, start):
-        return (start, start + len(generated)), start != len(prompt)
-    first = full[start : start + 1]
-    k = generated.find(first, 1) if first else -1
-    while k > 0:
-        tail = generated[k:]
-        if full.startswith(tail, start) and _holds_reply(tail, message):
-            return (start, start + len(tail)), True
-        k = generated.find(first, k + 1)
-    at = _first_difference(full[start:], generated)
-    alone, within = generated[at : at + 40], full[start + at : start + at + 40]
-    raise Drop(TURN_NOT_LOCATED, f"assistant message {i} renders differently alone and "
-                        "in the full conversation, beyond a dropped leading part (at character "
-                        f"{start + at}: {alone!r} vs {within!r})")
-
-
-def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[dict] | None,
-                          trained: list[dict]) -> None:
-    """Rejects a conversation whose tool definitions or trained tool calls the template drops
-    (a stock template without tool support): training the turn would teach an empty reply, or
-    calls to tools the model was never shown. Definitions must appear outside the trained
-    spans, where the calls themselves name the tools."""
-    untrained = "\0".join(full[a:b] for a, b in zip([0, *(b for _, b in spans)],
-                                                   [*(a for a, _ in spans), len(full)],
-                                                   strict=True))
-    missing = [t["function"]["name"] for t in tools or ()
-               if t["function"]["name"] not in untrained]
-    if missing:
-        raise Drop(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
-                            f"definitions ({', '.join(missing)}); use a template with tool support")
-    trained_text = "\0".join(full[a:b] for a, b in spans)
-    calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
-    if any(name not in trained_text for name in calls):
-        raise Drop(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
-                            "tool calls in its reply; use a template with tool support")
-
-
-def _holds_reply(tail: str, message: dict) -> bool:
-    """Whether a located tail still holds the reply's content (its tool calls are checked for
-    every turn by ``_check_tools_rendered``)."""
-    return message["content"].strip() in tail
-
-
-def _probed_region(full: str, probed: str, i: int) -> tuple[int, int] | None:
-    """Where the text that ``_PROBE`` stands for in ``probed`` lies in ``full``, or None when the
-    template does not render it: ``probed`` must hold ``full`` but for that text."""
-    at = probed.find(_PROBE)
-    if at < 0:
-        return None
-    after = probed[at + len(_PROBE) :]
-    if (_PROBE in after or len(probed) - len(_PROBE) > len(full)
-            or not (full.startswith(probed[:at]) and full.endswith(after))):
-        raise Drop(TURN_NOT_LOCATED, f"the reasoning of assistant message {i} cannot be "
-                            "located: the template renders the rest of the conversation "
-                            "differently around it")
-    return at, len(full) - len(after)
-
-
-def _subtract(spans: list[tuple[int, int]], region: tuple[int, int]) -> list[tuple[int, int]]:
-    """``spans`` less the characters of ``region``."""
-    x, y = region
-    kept = []
-    for a, b in spans:
-        kept += [(a, min(b, x))] if a < x else []
-        kept += [(max(a, y), b)] if b > y else []
-    return [(a, b) for a, b in kept if b > a]
-
-
-def inline_reasoning(message: dict) -> dict:
-    """``message`` with its ``reasoning_content`` written before its content in the common
-    ``<think>`` form, for templates that do not render the field themselves."""
-    message = dict(message)
-    reasoning = message.pop(REASONING_CONTENT)
-    if reasoning:
-        message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{message['content']}"
-    return message
-
-
-def _token_ranges(
-    offsets: list[tuple[int, int]], spans: list[tuple[int, int]]
-) -> Iterator[tuple[int, int]]:
-    """Token index ranges [first, stop) of the tokens overlapping each character span.
-
-    Offsets of a tokenization are non-decreasing, so the first token ending after the span's
-    start and the first token starting at or after its end are found by binary search.
-    """
-    for start, end in spans:
-        if end > start:
-            first = bisect.bisect_right(offsets, start, key=itemgetter(1))
-            stop = bisect.bisect_left(offsets, end, key=itemgetter(0))
-            if stop > first:
-                yield first, stop
-
-
-def _control_tokens(tok: PreTrainedTokenizerBase, templates: tuple[str, ...]) -> tuple[str, ...]:
-    """The added tokens that structure a chat, as transformers' ``sanitize_control_tokens``
-    defines them: special tokens, plus ``tok.chat_control_tokens`` where the tokenizer lists
-    them, else the added tokens the template itself writes (whitespace tokens excepted)."""
-    listed = getattr(tok, "chat_control_tokens", None)
-    text = "\0".join(templates)
-
-    def is_control(token: Any) -> bool:
-        if token.special:
-            return True
-        if listed is not None:
-            return token.content in listed
-        return token.content in text and not token.content.isspace()
-
-    return tuple(t.content for t in tok.added_tokens_decoder.values() if is_control(t))
-
-
-def _alternation(tokens: tuple[str, ...]) -> re.Pattern:
-    """A regex matching any of ``tokens``, longest first; a first-character class lets the
-    search skip quickly over text that cannot start one."""
-    if not tokens:
-        return re.compile("(?!)")  # matches nothing
-    ordered = sorted(tokens, key=len, reverse=True)
-    starts = "".join(sorted({re.escape(t[0]) for t in ordered}))
-    return re.compile(f"(?=[{starts}])(?:{'|'.join(map(re.escape, ordered))})")
-
-
-
-
-def _mark(value: Any, pattern: re.Pattern) -> Any:
-    """A copy of ``value`` with every control token's text in its strings wrapped in markers."""
-    if isinstance(value, str):
-        return pattern.sub(lambda m: f"{_MARK_START}{m.group()}{_MARK_END}", value)
-    if isinstance(value, dict):
-        return {key: _mark(item, pattern) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_mark(item, pattern) for item in value]
-    return value
-
-
-def _unmark(match: re.Match) -> str:
-    return match.group(1) or ""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _first_difference(a: str, b: str) -> int:
-    """Index of the first differing character (error messages only)."""
-    pairs = zip(a, b, strict=False)  # the shorter string may be a prefix of the longer
-    return next((k for k, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b)))
-
-
-def _special_ids(tok: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Ids of special tokens: the end-of-turn markers that close a trained span."""
-    added = (i for i, token in tok.added_tokens_decoder.items() if token.special)
-    return frozenset((*added, *tok.all_special_ids))
+class _Started:
+    """A batch whose texts are rendered and whose plain texts' tokens are on their way."""
+
+    results: list[EncodedExample | Drop | None]  # None: an example to come
+    examples: Callable[[], list[EncodedExample | Drop]]  # the examples to come, in order

@@ -10,12 +10,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.core.option_types import boolean, non_negative_int, positive_int
 from transforms.core.vocabulary import INSTRUCTION_FORMATS
-from transforms.instruction.chat_template import (
-    OVERFLOW_POLICIES,
-    SYSTEM_NONE,
-    SYSTEM_TEMPLATE,
-    MaskOptions,
-)
+from transforms.instruction.chat_template import OVERFLOW_POLICIES
+from transforms.instruction.rendering.renderer import SYSTEM_NONE, SYSTEM_TEMPLATE
+from transforms.instruction.rendering.values import MaskOptions
 from transforms.instruction.schema import ConversationLimits, RecordSchema, load_schemas
 
 GROUP = "instruction branch"
