@@ -22,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -30,6 +31,7 @@ PROJECT = "beam-dataprep-test"
 SERVICE_ACCOUNT = f"dataflow-worker@{PROJECT}.iam.gserviceaccount.com"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 STARTUP_TIMEOUT_S = 30.0
+PRECONDITIONS = Path(__file__).with_name("gcs_preconditions.py")
 
 _TEXT = {
     "/computeMetadata/v1/project/project-id": PROJECT,
@@ -93,11 +95,12 @@ def metadata_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def storage_emulator(bucket: str) -> Iterator[str]:
-    """Runs ``gcp-storage-emulator`` in memory with ``bucket`` created; yields its base URL."""
+    """Runs ``gcp-storage-emulator`` in memory with ``bucket`` created, and with the generation
+    preconditions of real GCS (``gcs_preconditions.py``); yields its base URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
+        [sys.executable, str(PRECONDITIONS), "start", "--host=127.0.0.1",
          f"--port={port}", "--in-memory", f"--default-bucket={bucket}", "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
