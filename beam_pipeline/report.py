@@ -33,9 +33,8 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.card import write_card
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.io.manifest import read_manifest
-from transforms.io.writers import check_card_place
+from transforms.io.writers import REPORT_NAME, REPORT_TAG, check_card_place
 
-REPORT_NAME = "report.html"
 INSTALL_HINT = "pip install 'beam-llm-dataprep[report]'"  # or: pip install matplotlib
 # (id, title): every section is always present; one without data says why.
 SECTIONS = (
@@ -464,7 +463,7 @@ def build_report(output_dir: str) -> str:
     sections = "".join(f'<section id="{key}"><h2>{html.escape(title)}</h2>{bodies[key]}'
                        "</section>" for key, title in SECTIONS)
     title = f"Data report: {output_dir}"
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{REPORT_TAG}'
             f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><nav>{nav}</nav>{sections}</body></html>\n")
 

@@ -219,7 +219,8 @@ def test_prepare_output_dir_matches_objects_under_gcs_prefixes(cloud):
                  "keep/me.txt", "pretrain-notes.txt"):
         with FileSystems.create(f"{output}/{name}") as handle:
             handle.write(b"x")
-    with pytest.raises(ValueError, match=r"prepare-check/pretrain, .*prepare-check/rejected"):
+    with pytest.raises(ValueError, match=r"prepare-check/pretrain/part-00000-of-00001.parquet, "
+                                         r".*prepare-check/rejected/part-"):
         check_output_dir(output, overwrite=False)
     assert check_output_dir(output, overwrite=True) is True
     assert clear_previous_outputs(output) == 2

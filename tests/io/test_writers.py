@@ -11,6 +11,7 @@ import pytest
 
 from transforms.core.steps import Part
 from transforms.io.writers import (
+    REPORT_TAG,
     OutputFile,
     ShardFiles,
     StagedFile,
@@ -157,7 +158,7 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "part-00000-of-00001.parquet").write_bytes(b"old")
     (tmp_path / "manifest.json").write_text("{}")
-    (tmp_path / "report.html").write_text("<!DOCTYPE html>")  # the data report and card
+    (tmp_path / "report.html").write_text(f"<!DOCTYPE html><head>{REPORT_TAG}")  # the report
     (tmp_path / "README.md").write_text('---\ntags:\n- "beam-llm-dataprep"\n---\n# card\n')
     (tmp_path / ".staging" / "sft").mkdir(parents=True)
     (tmp_path / ".staging" / "sft" / "a.arrow").write_bytes(b"a failed run's")
@@ -170,6 +171,33 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
         "README.md", "manifest.json", "report.html", "sft", "unrelated.txt"]
     assert clear_previous_outputs(str(tmp_path)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
+
+
+USER_FILES = ["pretrain/notes.txt", "pretrain/mine.parquet", "sft/README.md", "rejected/keep.jsonl",
+              "tokenizer/my_tokenizer.json", "validation/pretrain/x.parquet",
+              "validation/mine.txt", "elsewhere/part-00000-of-00001.parquet", "report.html",
+              "pretrain/part-1-of-2.parquet"]
+
+
+def test_overwrite_deletes_only_what_an_earlier_run_wrote(tmp_path):
+    """The earlier manifest lists its files; a failed run's output files are known by their
+    names; a user's files in every folder, and a report or card not ours, all stay."""
+    ours = ["pretrain/part-00000-of-00002.parquet", "pretrain/part-00001-of-00002.parquet",
+            "validation/pretrain/part-00000-of-00001.parquet", "rejected/part-00000-of-00001.jsonl",
+            "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "manifest.json",
+            "sft/part-00003-of-00004.parquet"]  # a failed run's, listed nowhere
+    for name in ours + USER_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / "report.html").write_text("<html>my own report</html>")
+    manifest = {"outputs": {"pretrain": [{"path": "/moved/pretrain/part-00000-of-00002.parquet"},
+                                         {"path": "pretrain/part-00001-of-00002.parquet"}],
+                            "rejected": [{"path": "../../etc/part-00000-of-00001.jsonl"}]},
+                "tokenizer_files": ["tokenizer.json", "tokenizer_config.json", "../../x"]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    prepare_output_dir(str(tmp_path), overwrite=True)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(USER_FILES)
 
 
 @pytest.mark.parametrize("text", ["# My notes\n", '---\ntags:\n- "other"\n---\n',

@@ -16,15 +16,16 @@ from transforms.core.tokenizer import load_tokenizer
 TOKENIZER_DIR = "tokenizer"
 
 
-def write_tokenizer(spec: str, chat_template: str | None, output_dir: str) -> str:
+def write_tokenizer(spec: str, chat_template: str | None, output_dir: str) -> list[str]:
     """Saves the tokenizer into ``output_dir/tokenizer/`` (local or any Beam filesystem) and
-    returns that directory."""
+    returns the names of the files written, for the manifest (an overwrite deletes those)."""
     target = FileSystems.join(output_dir, TOKENIZER_DIR)
     tokenizer = load_tokenizer(spec, chat_template)
     with tempfile.TemporaryDirectory() as local:
         tokenizer.save_pretrained(local)
-        for name in sorted(os.listdir(local)):
+        names = sorted(os.listdir(local))
+        for name in names:
             with open(os.path.join(local, name), "rb") as source, \
                     FileSystems.create(FileSystems.join(target, name)) as handle:
                 handle.write(source.read())
-    return target
+    return names

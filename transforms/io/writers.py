@@ -18,12 +18,14 @@ found in its shard's folder, counted and written (and the loss is logged).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -38,6 +40,8 @@ from transforms.core.records import LABEL
 from transforms.core.steps import Part
 from transforms.core.vocabulary import FILTERED, REJECTED
 from transforms.io.manifest import (
+    MANIFEST_NAME,
+    RowCountError,
     build_manifest,
     check_reject_fraction,
     check_rows_written,
@@ -423,17 +427,87 @@ def check_card_place(output_dir: str) -> None:
                          "card there; move the file, or choose another --output")
 
 
-def _owned_paths(output_dir: str) -> list[str]:
-    """The paths a run writes under ``output_dir``, with an earlier run's phase directories, so
-    that a run with other phases (or none) leaves no stale phase beside its own outputs. A
-    README.md counts only if it is the card a run wrote."""
-    names = (*OUTPUT_KINDS, "validation", STAGING_DIR, "manifest.json", PHASES_NAME,
-             TOKENIZER_DIR, "report.html")  # with the data report
-    directories = (output_dir, *_earlier_phase_dirs(output_dir))
-    cards = [card for directory in directories for card in [FileSystems.join(directory, CARD_NAME)]
-             if FileSystems.exists(card) and is_our_card(card)]
-    return [FileSystems.join(directory, name)
-            for directory in directories for name in names] + cards
+# Output files are named by ``output_path`` and by nothing else: the name a run's own files have.
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
+PART_NAME = re.compile(r"part-\d{5}-of-\d{5}\.(?:parquet|jsonl)")
+REPORT_NAME = "report.html"
+REPORT_TAG = f'<meta name="generator" content="{CARD_TAG}">'  # in the data report's head
+
+
+def _is_our_report(path: str) -> bool:
+    with FileSystems.open(path) as handle:
+        return REPORT_TAG.encode() in handle.read(4096)
+
+
+def _listed_files(directory: str) -> list[str]:
+    """The files an earlier run's ``manifest.json`` in ``directory`` says it wrote: its output
+    files and its tokenizer files, each taken by name into ``directory`` (so a listing cannot
+    point a deletion anywhere else, and a folder moved as a whole still matches)."""
+    path = FileSystems.join(directory, MANIFEST_NAME)
+    if not FileSystems.exists(path):
+        return []
+    try:
+        with FileSystems.open(path) as handle:
+            manifest = json.loads(handle.read())
+        outputs = [(kind, entry["path"]) for kind, entries in manifest["outputs"].items()
+                   for entry in entries]
+        tokenizer = list(manifest.get("tokenizer_files", []))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []  # not a complete manifest: its run's files are found by their names
+    names = [FileSystems.join(directory, kind, FileSystems.split(name)[1])
+             for kind, name in outputs
+             if kind in OUTPUT_KINDS and PART_NAME.fullmatch(FileSystems.split(name)[1])]
+    names += [FileSystems.join(directory, TOKENIZER_DIR, name) for name in tokenizer
+              if isinstance(name, str) and _FILE_NAME.fullmatch(name)]
+    return names
+
+
+def _part_files(directory: str) -> list[str]:
+    """Output files of a run that failed before its manifest: named as only a run names them."""
+    patterns = [FileSystems.join(directory, kind, "part-*") for kind in OUTPUT_KINDS]
+    return [m.path for result in FileSystems.match(patterns) for m in result.metadata_list
+            if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+
+
+def earlier_run_files(output_dir: str) -> list[str]:
+    """Every file an earlier run wrote under ``output_dir`` and nothing else: what its manifest
+    lists, output files named as only a run names them (a failed run's), its manifest, staging
+    folder and phases listing, and the card and report where they carry the pipeline's tag.
+    A user's files beside them, in the same folders or not, are never among them."""
+    found: list[str] = []
+    for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
+        candidates = [*_listed_files(directory), *_part_files(directory),
+                      FileSystems.join(directory, MANIFEST_NAME),
+                      *_files_under(FileSystems.join(directory, STAGING_DIR))]
+        card = FileSystems.join(directory, CARD_NAME)
+        if FileSystems.exists(card) and is_our_card(card):
+            candidates.append(card)
+        report = FileSystems.join(directory, REPORT_NAME)
+        if FileSystems.exists(report) and _is_our_report(report):
+            candidates.append(report)
+        found += [path for path in candidates if FileSystems.exists(path)]
+    phases = FileSystems.join(output_dir, PHASES_NAME)
+    if FileSystems.exists(phases):
+        found.append(phases)
+    return sorted(dict.fromkeys(found))
+
+
+def _run_markers(output_dir: str) -> list[str]:
+    """What shows, cheaply, that an earlier run wrote here (or in its phases): a manifest,
+    phases listing or staging folder, or one output file per kind (one listed object each)."""
+    phases = FileSystems.join(output_dir, PHASES_NAME)
+    found = [phases] if FileSystems.exists(phases) else []
+    for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
+        manifest = FileSystems.join(directory, MANIFEST_NAME)
+        found += [manifest] if FileSystems.exists(manifest) else []
+        staging = FileSystems.join(directory, STAGING_DIR)
+        found += [staging] if _holds_anything(staging) else []
+        for kind in OUTPUT_KINDS:
+            matched = FileSystems.match([FileSystems.join(directory, kind, "part-*")],
+                                        limits=[1])[0].metadata_list
+            found += [m.path for m in matched
+                      if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+    return found
 
 
 def _holds_anything(path: str) -> bool:
@@ -451,26 +525,37 @@ def check_output_dir(output_dir: str, overwrite: bool) -> bool:
     Only a failed run's staging directory is deleted here, because deduplication's first pass
     and every step write into it from the job's start.
     """
-    existing = [path for path in _owned_paths(output_dir) if _holds_anything(path)]
+    existing = _run_markers(output_dir)
     if not existing:
         return False
     if not overwrite:
         raise ValueError(f"{output_dir} already holds outputs ({', '.join(existing)}); "
                          "pass --overwrite=true to replace them")
     staging = FileSystems.join(output_dir, STAGING_DIR)
-    if staging in existing:
+    if _holds_anything(staging):
         FileSystems.delete(_stored_paths(staging))
     return True
 
 
 def clear_previous_outputs(output_dir: str) -> int:
-    """Deletes an earlier run's outputs under ``output_dir``; the number of paths deleted.
-    Runs inside the job (``ClearPreviousRun``), so the launcher lists no output files."""
-    stored = [stored for path in _owned_paths(output_dir)
-              if not path.endswith(f"/{STAGING_DIR}") for stored in _stored_paths(path)]
+    """Deletes the files an earlier run wrote under ``output_dir`` (``earlier_run_files``);
+    the number deleted. Runs inside the job (``ClearPreviousRun``), so the launcher lists no
+    output files."""
+    stored = earlier_run_files(output_dir)
     if stored:
         FileSystems.delete(stored)
+    if not output_dir.startswith("gs://"):
+        _remove_empty_folders(output_dir)
     return len(stored)
+
+
+def _remove_empty_folders(output_dir: str) -> None:
+    """Local folders that held only an earlier run's files (gs:// has no empty folders)."""
+    names = [*OUTPUT_KINDS, STAGING_DIR, TOKENIZER_DIR, "validation"]
+    for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
+        for name in sorted(names, key=len, reverse=True):  # validation/x before validation
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(directory, name))
 
 
 class ClearPreviousRun(beam.PTransform):
@@ -546,6 +631,35 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
                               fields.get("eval_texts"))
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    check_files_hold_rows(files)
     config = fields["config"]
-    write_tokenizer(config["tokenizer"], config["instruction"]["chat_template"], output_dir)
+    manifest["tokenizer_files"] = write_tokenizer(config["tokenizer"],
+                                                  config["instruction"]["chat_template"],
+                                                  output_dir)
     return write_manifest(output_dir, manifest)
+
+
+def file_rows(path: str, kind: str) -> int:
+    """The rows an output file holds, from its Parquet footer or its lines."""
+    with FileSystems.open(path) as handle:
+        if kind in PARQUET_KINDS:
+            return pq.ParquetFile(handle).metadata.num_rows
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+
+
+def check_files_hold_rows(files: Iterable[Mapping]) -> None:
+    """Refuses to publish unless every output file exists and holds the rows it is listed with:
+    the manifest is the mark of a complete run, so it never lists a file that is missing,
+    empty or cut short (another writer, a lost upload)."""
+    wrong = []
+    for entry in files:
+        try:
+            rows = file_rows(entry["path"], entry["kind"])
+        except (OSError, pa.ArrowInvalid) as error:
+            wrong.append(f"{entry['path']}: {error}")
+            continue
+        if rows != entry["rows"]:
+            wrong.append(f"{entry['path']}: {rows:,} rows, {entry['rows']:,} written")
+    if wrong:
+        raise RowCountError("output files are not as written (" + "; ".join(wrong[:5]) +
+                            "); the run is not marked complete (no manifest.json)")
