@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 
 from beam_pipeline.planning import prepare
-from beam_pipeline.running import execute
+from beam_pipeline.running import execute, take_output
 from transforms.io.manifest import RejectRateError, RowCountError
 
 LOG = logging.getLogger("beam_pipeline")
@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _quiet_beam_logs(verbose)
     try:
         plan = prepare(argv)
+        lock = take_output(plan)
     except ValueError as error:  # a bad option or input: the message names it
         if verbose:
             traceback.print_exc()
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as error:
         _fail(argv, error, verbose)
     try:
-        execute(plan)
+        execute(plan, lock)
     except Exception as error:
         _fail(argv, error, verbose)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
+import uuid
 from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
@@ -55,8 +58,10 @@ class Plan:
     phases: list[Phase]
     facts: dict  # for the manifest: the evaluation sets' counts (the job adds the tokenizer's)
     clear_outputs: list[str]  # output directories whose earlier outputs the job deletes first
+    run_id: str  # names this run in its output lock
     quiet: bool = False
     verbose: bool = False
+    argv: tuple[str, ...] = ()  # as given, for the lock's record of who holds the folder
 
     @property
     def runner(self) -> str:
@@ -118,6 +123,7 @@ def prepare(argv: Sequence[str]) -> Plan:
     options = PipelineOptions(pipeline_argv)
     options.view_as(SetupOptions).save_main_session = False
     cfg = config_from_options(options)
+    check_output_place(cfg)
     check_tokenizer(cfg.tokenizer, cfg.instruction.chat_template)
     # A template given by --chat_template must be the tokenizer's family's, and --system_prompt
     # none must be possible: both are checked before any work (else the job loads the tokenizer).
@@ -129,7 +135,8 @@ def prepare(argv: Sequence[str]) -> Plan:
             check_template_tokens(tok, f"--chat_template {template!r}")
         check_system_prompt(tok, cfg.instruction.system_prompt)
     phases = plan_phases(cfg)
-    facts = {}
+    run_id = uuid.uuid4().hex[:16]
+    facts: dict = {"run": {"output": cfg.output, "run_id": run_id}}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
     for phase in phases:  # each phase's folder (or --output) gets a dataset card
@@ -137,4 +144,40 @@ def prepare(argv: Sequence[str]) -> Plan:
     directories = dict.fromkeys([cfg.output, *(phase.config.output for phase in phases)])
     clear = [directory for directory in directories
              if check_output_dir(directory, cfg.overwrite)]
-    return Plan(options, cfg, phases, facts, clear, quiet, verbose)
+    return Plan(options, cfg, phases, facts, clear, run_id, quiet, verbose, tuple(argv))
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (local paths resolved, gs:// as text)."""
+    if "://" not in path and "://" not in folder:
+        path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path.rstrip("/") == folder.rstrip("/") or path.startswith(folder.rstrip("/") + "/")
+
+
+def _folder_read_whole(pattern: str) -> str | None:
+    """The folder an --input reads at any depth: a directory, or the part of a ``**`` pattern
+    before its first wildcard; None for a file or a one-level glob."""
+    if pattern.endswith("/") or ("://" not in pattern and os.path.isdir(pattern)):
+        return pattern
+    if "**" in pattern:
+        return re.split(r"[*?\[]", pattern, maxsplit=1)[0].rpartition("/")[0] or "."
+    return None
+
+
+def check_output_place(cfg: PrepConfig) -> None:
+    """An --output that cannot hold a run fails before any work: a file where the folder
+    should be, a folder the tokenizer is loaded from, or one an --input reads (a rerun would
+    read its own outputs back as input)."""
+    output = cfg.output
+    if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output {output} is a file; a run writes a folder there")
+    tokenizer = cfg.tokenizer or ""
+    if ("://" in tokenizer or os.path.exists(tokenizer)) and _inside(tokenizer, output):
+        raise ValueError(f"--tokenizer {cfg.tokenizer} is inside --output {output}, which a run "
+                         "(and --overwrite) replaces; copy the tokenizer elsewhere first")
+    for spec in cfg.inputs:
+        folder = _folder_read_whole(spec.pattern)
+        if folder is not None and _inside(output, folder):
+            raise ValueError(f"--output {output} is inside --input {spec.pattern}: a rerun would "
+                             "read this run's outputs back as input; choose an --output "
+                             "outside the inputs")

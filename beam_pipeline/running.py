@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,8 @@ from beam_pipeline.options import PrepConfig
 from beam_pipeline.planning import Phase, Plan, prepare
 from beam_pipeline.report import publish
 from transforms.io.manifest import MANIFEST_NAME, read_manifest, summary_lines
-from transforms.io.writers import PHASES_NAME, ClearPreviousRun
+from transforms.io.output_lock import Holder, OutputLock, acquire, release_if_held
+from transforms.io.writers import PHASES_NAME, ClearPreviousRun, clear_staging
 
 LOG = logging.getLogger("beam_pipeline")
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -35,7 +37,27 @@ FN_API_RUNNERS = ("DirectRunner", "SwitchingDirectRunner")
 
 
 def run(argv: Sequence[str]) -> PrepConfig:
-    return execute(prepare(argv))
+    plan = prepare(argv)
+    return execute(plan, take_output(plan))
+
+
+def take_output(plan: Plan) -> OutputLock:
+    """Takes the output folder's lock before any work (a run that cannot is refused with a
+    ValueError naming the holder), then deletes a failed run's staging folders."""
+    command = shlex.join([os.path.basename(sys.executable), "-m", "beam_pipeline",
+                          *plan.argv])
+    try:
+        lock = acquire(plan.config.output, Holder.this_run(plan.run_id, command))
+    except OSError as error:
+        raise ValueError(f"--output {plan.config.output} cannot be written: "
+                         f"{error.strerror or error}") from error
+    try:
+        for directory in plan.clear_outputs:
+            clear_staging(directory)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def local_runner(plan: Plan) -> PipelineRunner | None:
@@ -53,20 +75,35 @@ def build_pipeline(plan: Plan) -> beam.Pipeline:
     started = pipeline | "ClearPreviousRun" >> ClearPreviousRun(plan.clear_outputs)
     if plan.phases[0].name is None:
         phase = plan.phases[0]
-        build_graph(pipeline, cfg, phase.shards, plan.facts, started, phase.inputs.shard_bytes)
+        done = build_graph(pipeline, cfg, phase.shards, plan.facts, started,
+                           phase.inputs.shard_bytes)
     else:
         manifests = [pipeline | f"Phase {phase.name}" >> PreparePhase(phase, plan.facts, started)
                      for phase in plan.phases]
-        _ = (manifests
-             | "AllPhases" >> beam.Flatten()
-             | "CollectPhases" >> beam.combiners.ToList()
-             | "WritePhases" >> beam.Map(_write_phases, cfg.output, plan.phases))
+        done = (manifests
+                | "AllPhases" >> beam.Flatten()
+                | "CollectPhases" >> beam.combiners.ToList()
+                | "WritePhases" >> beam.Map(_write_phases, cfg.output, plan.phases))
+    if plan.runner not in LOCAL_RUNNERS:  # a local launcher releases the lock itself
+        _ = done | "ReleaseOutputLock" >> beam.Map(release_if_held, cfg.output, plan.run_id)
     return pipeline
 
 
-def execute(plan: Plan) -> PrepConfig:
-    """Builds and runs the graph; on a local runner shows progress, waits and prints the
-    summary."""
+def execute(plan: Plan, lock: OutputLock) -> PrepConfig:
+    """Builds and runs the graph holding the output folder's ``lock``; on a local runner shows
+    progress, waits, prints the summary and releases the lock. A remote job releases it as its
+    last step, so the launcher keeps it only if the submission fails."""
+    try:
+        cfg = _execute(plan)
+    except BaseException:
+        lock.release()
+        raise
+    if plan.runner in LOCAL_RUNNERS:
+        lock.release()
+    return cfg
+
+
+def _execute(plan: Plan) -> PrepConfig:
     cfg = plan.config
     LOG.info("%d input shard(s) from %d input(s) in %d phase(s); writing to %s",
              len(plan.shards), len(cfg.inputs), len(plan.phases), cfg.output)

@@ -13,8 +13,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
-from beam_pipeline.planning import prepare
-from beam_pipeline.running import execute
+from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
 
 # (label without the phase prefix, what it is): why it is bounded.
@@ -103,11 +102,11 @@ def graph(tmp_path_factory) -> beam.Pipeline:
         f"{EXAMPLES / 'broken_lines.jsonl'}#branch=knowledge;phase=late",
     ]
     GraphOnly.built.clear()
-    execute(prepare([*(f"--input={value}" for value in inputs),
-                     f"--output={tmp_path_factory.mktemp('graph')}/out",
-                     f"--runner={GraphOnly.__module__}.GraphOnly", "--dedup=near",
-                     "--knowledge_validation=5", "--instruction_validation=3",
-                     f"--decontaminate={EXAMPLES / 'gsm8k_sample.jsonl'}#text=question"]))
+    run([*(f"--input={value}" for value in inputs),
+         f"--output={tmp_path_factory.mktemp('graph')}/out",
+         f"--runner={GraphOnly.__module__}.GraphOnly", "--dedup=near",
+         "--knowledge_validation=5", "--instruction_validation=3",
+         f"--decontaminate={EXAMPLES / 'gsm8k_sample.jsonl'}#text=question"])
     (pipeline,) = GraphOnly.built
     return pipeline
 

@@ -20,6 +20,7 @@ from transforms.io.writers import (
     check_card_place,
     check_output_dir,
     clear_previous_outputs,
+    clear_staging,
     cut_shard,
     find_staged,
     output_file,
@@ -150,6 +151,7 @@ def test_staged_parts_become_parquet_and_jsonl_files(tmp_path):
 def prepare_output_dir(output: str, overwrite: bool) -> None:
     """The launcher's check, then the job's first step, as a run does them."""
     if check_output_dir(output, overwrite):
+        clear_staging(output)
         clear_previous_outputs(output)
 
 
@@ -165,8 +167,10 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path):
     (tmp_path / "unrelated.txt").write_text("keep me")
     with pytest.raises(ValueError, match="--overwrite"):
         check_output_dir(str(tmp_path), overwrite=False)
-    # The launcher deletes only a failed run's staging directory; the job deletes the rest.
+    # Once it holds the lock, the launcher deletes only a failed run's staging directory; the
+    # job deletes the rest.
     assert check_output_dir(str(tmp_path), overwrite=True) is True
+    clear_staging(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "README.md", "manifest.json", "report.html", "sft", "unrelated.txt"]
     assert clear_previous_outputs(str(tmp_path)) == 4

@@ -132,6 +132,26 @@ def check_owner(output_dir: str, run_id: str) -> None:
                                         "manifest.json.")
 
 
+def release_if_held(_: object, output_dir: str, run_id: str) -> None:
+    """Gives up ``run_id``'s lock from inside the job, its last step on a remote runner (whose
+    launcher has exited): only a lock that still names this run is removed."""
+    if output_dir.startswith(GCS_PREFIX):
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = _blob(lock_path(output_dir))
+        with contextlib.suppress(_not_found(), PreconditionFailed):
+            blob.reload()
+            generation = blob.generation
+            holder = Holder.decode(blob.download_as_bytes(if_generation_match=generation))
+            if holder is not None and holder.run_id == run_id:
+                blob.delete(if_generation_match=generation)
+        return
+    holder = read_holder(output_dir)
+    if holder is not None and holder.run_id == run_id:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path(output_dir))
+
+
 # --------------------------------------------------------------------------- local disk
 
 def _acquire_local(output_dir: str, holder: Holder, release: contextlib.ExitStack) -> None:

@@ -47,6 +47,7 @@ from transforms.io.manifest import (
     check_rows_written,
     write_manifest,
 )
+from transforms.io.output_lock import check_owner
 from transforms.io.tokenizer_files import TOKENIZER_DIR, write_tokenizer
 
 LOG = logging.getLogger("beam_pipeline")
@@ -520,21 +521,21 @@ def _holds_anything(path: str) -> bool:
 
 def check_output_dir(output_dir: str, overwrite: bool) -> bool:
     """Refuses to mix two runs' files: earlier outputs are an error unless ``overwrite``.
-    Returns whether earlier outputs are there, for ``ClearPreviousRun`` to delete in the job.
-
-    Only a failed run's staging directory is deleted here, because deduplication's first pass
-    and every step write into it from the job's start.
-    """
+    Returns whether earlier outputs are there, for ``ClearPreviousRun`` to delete in the job."""
     existing = _run_markers(output_dir)
-    if not existing:
-        return False
-    if not overwrite:
+    if existing and not overwrite:
         raise ValueError(f"{output_dir} already holds outputs ({', '.join(existing)}); "
                          "pass --overwrite=true to replace them")
+    return bool(existing)
+
+
+def clear_staging(output_dir: str) -> None:
+    """Deletes a failed run's staging folder before this run's job starts, since
+    deduplication's first pass and every step write into it from the start. Called once the
+    run holds the folder's lock."""
     staging = FileSystems.join(output_dir, STAGING_DIR)
     if _holds_anything(staging):
         FileSystems.delete(_stored_paths(staging))
-    return True
 
 
 def clear_previous_outputs(output_dir: str) -> int:
@@ -632,6 +633,8 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
     check_files_hold_rows(files)
+    if "run" in fields:  # the last check before publishing: does this run still own the folder?
+        check_owner(fields["run"]["output"], fields["run"]["run_id"])
     config = fields["config"]
     manifest["tokenizer_files"] = write_tokenizer(config["tokenizer"],
                                                   config["instruction"]["chat_template"],
