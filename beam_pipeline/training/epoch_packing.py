@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from beam_pipeline.training.loader import PackedRows, table_rows, torch_dataset_class
+from beam_pipeline.training.loader import PackedRows, lazy_torch_dataset, table_rows
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing
 
 EXAMPLE_COLUMNS = ("input_ids", "labels")
@@ -103,10 +103,4 @@ class EpochPacks(PackedRows):
         self._group, self._packs = self._resume = (state["group"], state["packs"])
 
 
-def __getattr__(name: str) -> Any:
-    """Builds ``EpochPackDataset`` on first access, so importing this module needs no torch."""
-    if name == "EpochPackDataset":
-        cls = torch_dataset_class(EpochPacks, name)
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_torch_dataset(globals(), "EpochPackDataset", EpochPacks)

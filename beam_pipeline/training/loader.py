@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import glob
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
@@ -350,13 +350,20 @@ def torch_dataset_class(base: type, name: str) -> type:
     return cls
 
 
-def __getattr__(name: str) -> Any:
-    """Builds ``PackedParquetDataset`` on first access, so importing this module needs no torch."""
-    if name == "PackedParquetDataset":
-        cls = torch_dataset_class(PackedRows, name)
-        globals()[name] = cls
+def lazy_torch_dataset(namespace: dict, name: str, base: type) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds ``name`` (``base`` as a torch dataset) on first
+    access, so importing the module needs no torch."""
+
+    def module_getattr(attr: str) -> Any:
+        if attr != name:
+            raise AttributeError(f"module {namespace['__name__']!r} has no attribute {attr!r}")
+        namespace[name] = cls = torch_dataset_class(base, name)
         return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    return module_getattr
+
+
+__getattr__ = lazy_torch_dataset(globals(), "PackedParquetDataset", PackedRows)
 
 
 def hf_streaming_dataset(path: str, rank: int = 0, world_size: int = 1
