@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import re
-import shlex
 import sys
 import traceback
 from collections.abc import Sequence
 
+from beam_pipeline.options import launch_command
 from beam_pipeline.planning import prepare
 from beam_pipeline.running import execute, take_output
 from transforms.io.manifest import RejectRateError, RowCountError
@@ -21,7 +21,7 @@ def rerun_command(argv: Sequence[str], **changes: str) -> str:
     """The command that was run, with ``changes`` as options (replacing the same options)."""
     kept = [arg for arg in argv if arg.split("=", 1)[0].removeprefix("--") not in changes]
     added = [f"--{name}={value}" for name, value in changes.items()]
-    return shlex.join(["python", "-m", "beam_pipeline", *kept, *added])
+    return launch_command([*kept, *added])
 
 
 # The last line of a traceback that a worker process sends back as the error's text.

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import shlex
+import sys
+from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -183,3 +187,28 @@ def argument_parser() -> argparse.ArgumentParser:
     beam_internals.order_groups(
         parser, lambda group: group.title not in (*OWN_GROUPS, CONSOLE_GROUP))
     return parser
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Parses ``argv`` as --help shows it: --help, bad values and unknown options stop here (exit
+    2), and an unknown option is answered with the closest known one (``--block-size`` ->
+    ``--block_size``)."""
+    parser = argument_parser()
+    _, unknown = parser.parse_known_args(argv)
+    options = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
+    if not options:
+        parser.parse_args(argv)  # stray values: argparse's own message
+        return
+    known = [name for name in parser._option_string_actions if name.startswith("--")]
+    advice = []
+    for option in options:
+        spelled = "--" + option[2:].replace("-", "_")
+        close = [spelled] if spelled in known else difflib.get_close_matches(option, known, 1)
+        advice.append(f"{option} (did you mean {close[0]}?)" if close else option)
+    parser.error(f"unknown option(s): {', '.join(advice)}")
+
+
+def launch_command(argv: Sequence[str]) -> str:
+    """The command that runs ``argv``, with the interpreter that is running now: a bare
+    ``python`` would fail outside the virtual environment the pipeline is installed in."""
+    return shlex.join([sys.executable, "-m", "beam_pipeline", *argv])

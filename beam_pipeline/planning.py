@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 from beam_pipeline import progress
-from beam_pipeline.options import PrepConfig, argument_parser, config_from_options
+from beam_pipeline.options import PrepConfig, check_command_line, config_from_options
 from transforms.core.records import ShardSpec
 from transforms.core.tokenizer import check_tokenizer, load_tokenizer
 from transforms.core.vocabulary import BRANCHES
@@ -118,7 +118,7 @@ def prepare(argv: Sequence[str]) -> Plan:
     plans shards from glob expansion: nothing here grows with the number of input files beyond
     listing them (Parquet footers, the tokenizer and the earlier outputs are the job's work; the
     tokenizer is loaded here only to check a --chat_template or --system_prompt none)."""
-    argument_parser().parse_args(argv)  # --help, unknown options and bad values stop here
+    check_command_line(argv)
     pipeline_argv, quiet, verbose = _console_flags(argv)
     options = PipelineOptions(pipeline_argv)
     options.view_as(SetupOptions).save_main_session = False

@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import shlex
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,7 @@ from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals, progress
 from beam_pipeline.graph import PreparePhase, build_graph
-from beam_pipeline.options import PrepConfig
+from beam_pipeline.options import PrepConfig, launch_command
 from beam_pipeline.planning import Phase, Plan, prepare
 from beam_pipeline.report import publish
 from transforms.io.manifest import MANIFEST_NAME, read_manifest, summary_lines
@@ -44,10 +43,9 @@ def run(argv: Sequence[str]) -> PrepConfig:
 def take_output(plan: Plan) -> OutputLock:
     """Takes the output folder's lock before any work (a run that cannot is refused with a
     ValueError naming the holder), then deletes a failed run's staging folders."""
-    command = shlex.join([os.path.basename(sys.executable), "-m", "beam_pipeline",
-                          *plan.argv])
+    holder = Holder.this_run(plan.run_id, launch_command(plan.argv))
     try:
-        lock = acquire(plan.config.output, Holder.this_run(plan.run_id, command))
+        lock = acquire(plan.config.output, holder)
     except OSError as error:
         raise ValueError(f"--output {plan.config.output} cannot be written: "
                          f"{error.strerror or error}") from error

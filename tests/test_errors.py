@@ -57,7 +57,7 @@ def stopped_then_rerun(tmp_path_factory):
     first = _main_outcome(argv)
     command = first[2].splitlines()[-1].split(": ", 1)[1]
     rerun = shlex.split(command)
-    assert rerun[:3] == ["python", "-m", "beam_pipeline"]
+    assert rerun[:3] == [sys.executable, "-m", "beam_pipeline"]  # the interpreter that ran
     changes = {"--max_reject_fraction=0.01": "--max_reject_fraction=0.5",
                "--direct_running_mode=multi_processing": "--direct_running_mode=in_memory"}
     rerun = [changes.get(arg, arg) for arg in rerun[3:]]

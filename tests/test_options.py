@@ -50,7 +50,9 @@ def test_help_documents_every_option_ours_first_then_beams():
     [
         ("--block_size=0", "--block_size: expected an integer >= 1, got 0"),
         ("--seq_len=abc", "--seq_len: expected an integer, got 'abc'"),
-        ("--blocksize=5", "unrecognized arguments: --blocksize=5"),
+        ("--blocksize=5", "unknown option(s): --blocksize (did you mean --block_size?)"),
+        ("--block-size=5", "unknown option(s): --block-size (did you mean --block_size?)"),
+        ("--zzz", "unknown option(s): --zzz\n"),
         ("--remainder=keep", "invalid choice: 'keep'"),
         ("--train_end_of_turn=maybe", "expected true or false, got 'maybe'"),
     ],
