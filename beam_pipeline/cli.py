@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from beam_pipeline.options import launch_command
 from beam_pipeline.planning import prepare
 from beam_pipeline.running import execute, take_output
+from transforms.io.input_warnings import StrictWarningError
 from transforms.io.manifest import RejectRateError, RowCountError
 
 LOG = logging.getLogger("beam_pipeline")
@@ -28,7 +29,7 @@ def rerun_command(argv: Sequence[str], **changes: str) -> str:
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.MULTILINE)
 # Failures that stop a run once its outputs are written, and those whose message says what to
 # change (the others get their class name).
-_STOPPED = {RejectRateError.__name__, RowCountError.__name__}
+_STOPPED = {RejectRateError.__name__, RowCountError.__name__, StrictWarningError.__name__}
 _ACTIONABLE = _STOPPED | {ValueError.__name__}
 
 

@@ -91,6 +91,12 @@ class PrepOptions(PipelineOptions):
             help="Fail the run (no manifest.json) when more than this fraction of one input's "
             "records is rejected: a sign of a wrong format, mapping or branch (default 0.5).")
         group.add_argument(
+            "--strict", type=boolean, default=False,
+            help="Fail the run (no manifest.json) when it has warnings: an empty input, or an "
+            "instruction input whose examples mostly train on a one- or two-token reply or "
+            "train on under 3%% of their tokens, signs of a response mapped onto the wrong "
+            "field (default false: the warnings are printed and kept in the manifest).")
+        group.add_argument(
             "--overwrite", type=boolean, default=False,
             help="Replace the outputs of an earlier run in --output (default false: refuse).")
         group.add_argument(
@@ -116,6 +122,7 @@ class PrepConfig:
     chunk_records: int
     max_record_mb: int
     max_reject_fraction: float
+    strict: bool
     overwrite: bool
     write_filtered: bool
 
@@ -146,6 +153,7 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         chunk_records=prep.chunk_records,
         max_record_mb=prep.max_record_mb,
         max_reject_fraction=prep.max_reject_fraction,
+        strict=prep.strict,
         overwrite=prep.overwrite,
         write_filtered=prep.write_filtered,
     )

@@ -231,7 +231,9 @@ def _overview(manifest: Mapping, sft: PackStats) -> str:
                                  f"{sft.trained:,} trained"),
         ("created", manifest.get("created_at", "")),
     ]
-    return _table(None, rows)
+    warnings = "".join(f'<p class="warning">warning: {html.escape(w)}</p>'
+                       for w in manifest.get("warnings", []))
+    return warnings + _table(None, rows)
 
 
 def _records(plt: Any, manifest: Mapping) -> str:
@@ -434,6 +436,7 @@ STYLE = """
 body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:60em;
 color:#222;font-size:14px}
 h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:2em}
+.warning{color:#c0392b;font-weight:bold}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:2px 8px;
 text-align:left;vertical-align:top}td{font-variant-numeric:tabular-nums}
 img.plot{max-width:100%;display:block;margin:.5em 0}.none{color:#777;font-style:italic}

@@ -118,17 +118,11 @@ def _execute(plan: Plan) -> PrepConfig:
         if phase.name is not None:
             print(f"phase {phase.name} ({phase.config.output}):")
         manifest = read_manifest(phase.config.output)
-        for line in (*summary_lines(manifest), *empty_input_warnings(manifest)):
+        for line in (*summary_lines(manifest),
+                     *(f"warning: {w}" for w in manifest.get("warnings", []))):
             print(line)
         print(publish(phase.config.output))  # the dataset card, and a line naming the report
     return cfg
-
-
-def empty_input_warnings(manifest: dict) -> list[str]:
-    """A warning for each input that gave no record: an empty file, or a pattern that matched
-    only empty files, passes otherwise unnoticed."""
-    return [f"warning: --input {entry['pattern']} read 0 records (its files are empty)"
-            for entry in manifest.get("inputs", []) if entry.get("read") == 0]
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
-"""Token-length counters: the power-of-two histograms the manifest and the data report show."""
+"""Token counters per --input: the power-of-two length histograms the manifest and the data
+report show, and the trained tokens that reveal a response mapped onto the wrong column."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -41,4 +42,27 @@ def source_length_counts(branch: str, lengths: np.ndarray,
         counts[prefix + "tokens"] = int(lengths[mine].sum())
         for bound, count in zip(*np.unique(buckets[mine], return_counts=True), strict=True):
             counts[f"{prefix}le_{int(bound)}"] = int(count)
+    return counts
+
+
+SHORT_REPLY_TOKENS = 2  # a one-token answer and its end-of-turn token
+
+
+def source_trained_counts(trained: np.ndarray, input_indices: Sequence[int]) -> dict[str, int]:
+    """Per ``--input``, the examples' trained tokens and how many train on a reply of at most
+    ``SHORT_REPLY_TOKENS`` tokens: what shows a mapping onto the wrong column (a 0/1 label
+    mapped as the response trains every example to answer one token).
+
+    >>> source_trained_counts(np.array([1, 2, 40]), [0, 0, 1])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'source.0.instruction.trained_tokens': 3, 'source.0.instruction.short_replies': 2,
+     'source.1.instruction.trained_tokens': 40, 'source.1.instruction.short_replies': 0}
+    """
+    counts: dict[str, int] = {}
+    indices = np.asarray(input_indices, dtype=np.int64)
+    for index in np.unique(indices).tolist():
+        mine = trained[indices == index]
+        prefix = f"{SOURCE_PREFIX}{index}.instruction."
+        counts[prefix + "trained_tokens"] = int(mine.sum())
+        counts[prefix + "short_replies"] = int((mine <= SHORT_REPLY_TOKENS).sum())
     return counts

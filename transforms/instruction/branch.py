@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms.core.chunks import Chunk
-from transforms.core.lengths import source_length_counts
+from transforms.core.lengths import source_length_counts, source_trained_counts
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing, pad_packs
 from transforms.core.records import (
     Origin,
@@ -197,11 +197,14 @@ class EncodeConversations(OverlappedStep):
                 self.count("instruction.truncated_tokens", result.tokens_cut)
         self.count("instruction.examples", len(kept))
         self.count("instruction.tokens", sum(len(e.input_ids) for e in kept))
-        self.count("instruction.trained_tokens", sum(int(np.count_nonzero(e.labels != IGNORE_INDEX))
-                                                     for e in kept))
+        trained = np.fromiter((np.count_nonzero(e.labels != IGNORE_INDEX) for e in kept),
+                              np.int64, len(kept))
+        self.count("instruction.trained_tokens", int(trained.sum()))
         lengths = np.fromiter((len(e.input_ids) for e in kept), np.int64, len(kept))
-        for name, count in source_length_counts(
-                INSTRUCTION, lengths, (origin[2] for origin in origins)).items():
+        indices = [origin[2] for origin in origins]
+        for name, count in source_length_counts(INSTRUCTION, lengths, indices).items():
+            self.count(name, count)
+        for name, count in source_trained_counts(trained, indices).items():
             self.count(name, count)
         if kept:
             yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))

@@ -247,6 +247,9 @@ def _tokenized(counts: Mapping[str, int]) -> dict[str, dict]:
                 "records": mine.get("records", 0), "tokens": mine.get("tokens", 0),
                 "histogram": {f"<={bound}": n for bound, n in sorted(
                     (int(bound), n) for bound, n in _by_prefix(mine, "le_").items())}}
+            if branch == "instruction":
+                result[branch].update({name: mine.get(name, 0)
+                                       for name in ("trained_tokens", "short_replies")})
     return result
 
 

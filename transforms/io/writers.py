@@ -39,6 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.core.records import LABEL
 from transforms.core.steps import Part
 from transforms.core.vocabulary import FILTERED, REJECTED
+from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
     MANIFEST_NAME,
     RowCountError,
@@ -632,6 +633,8 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
                               fields.get("eval_texts"))
     check_rows_written(manifest)
     check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    manifest["warnings"] = input_warnings(manifest)
+    check_strict(manifest, fields["config"].get("strict", False))
     check_files_hold_rows(files)
     if "run" in fields:  # the last check before publishing: does this run still own the folder?
         check_owner(fields["run"]["output"], fields["run"]["run_id"])
