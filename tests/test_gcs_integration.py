@@ -30,6 +30,7 @@ from tests.support.gcs import (
     storage_emulator,
     use_in_process,
 )
+from transforms.io.output_lock import LOCK_NAME, Holder, acquire
 from transforms.io.writers import check_output_dir, clear_previous_outputs
 
 BUCKET = "dataprep-test"
@@ -210,6 +211,21 @@ def test_a_second_run_without_overwrite_is_refused_and_changes_nothing(
     assert "already holds outputs" in result.stderr
     assert "--overwrite=true" in result.stderr
     assert {p: read_bytes(p) for p in list_objects(gcs_run["output"])} == before
+
+
+def test_the_run_released_its_lock_and_a_held_folder_refuses_a_run(
+        gcs_run, cloud, tmp_path_factory):
+    """On gs:// as on a local disk: the finished run left no lock; while another run holds the
+    folder, even an overwrite is refused before it touches anything."""
+    assert f"{gcs_run['output']}/{LOCK_NAME}" not in list_objects(gcs_run["output"])
+    before = {p: read_bytes(p) for p in list_objects(gcs_run["output"])}
+    with acquire(gcs_run["output"], Holder.this_run("holder", "a run still writing")):
+        result = run_subprocess([*gcs_run["args"], "--overwrite=true"], cloud,
+                                tmp_path_factory.mktemp("locked-cache"))
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert "is being written by another run (run holder" in result.stderr
+        after = {p: read_bytes(p) for p in list_objects(gcs_run["output"])}
+    assert {p: v for p, v in after.items() if not p.endswith(LOCK_NAME)} == before
 
 
 def test_prepare_output_dir_matches_objects_under_gcs_prefixes(cloud):
