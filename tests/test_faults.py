@@ -26,8 +26,9 @@ def run_into(output, *extra):
 
 
 def fail_once(method, seen: set):
-    def flaky(self, element):
-        results = list(method(self, element))  # the work is done, outputs may be written...
+    def flaky(self, element, *side_inputs):
+        # The work is done and its outputs may be written...
+        results = list(method(self, element, *side_inputs))
         if type(self) not in seen:
             seen.add(type(self))
             raise RuntimeError(f"injected fault in {type(self).__name__}")  # ...then it dies
