@@ -629,9 +629,9 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     if leftovers:
         FileSystems.delete(leftovers)
     manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"],
-                              fields.get("eval_texts"))
+                              fields.get("eval_texts"), fields.get("input_files"))
     check_rows_written(manifest)
-    check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    check_reject_fraction(manifest, fields["config"]["max_reject_fraction"], stats)
     check_files_hold_rows(files)
     if "run" in fields:  # the last check before publishing: does this run still own the folder?
         check_owner(fields["run"]["output"], fields["run"]["run_id"])
