@@ -9,14 +9,17 @@ that a FIFO in it does not hang the run, and that --max_reject_fraction judges e
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.running import run
+from tests.support.gcs import cloud_env, metadata_server, storage_emulator, use_in_process
 from transforms.core.records import InputSpec
 from transforms.io.manifest import MIN_RECORDS_JUDGED_PER_FILE, RejectRateError
 from transforms.io.planning import plan_inputs
@@ -122,9 +125,26 @@ def test_a_glob_skips_non_regular_files_and_reads_a_linked_file_once(tmp_path):
 
 def test_a_fifo_named_alone_is_refused_before_any_work(tmp_path):
     os.mkfifo(tmp_path / "pipe.jsonl")
-    with pytest.raises(ValueError, match="matches no files to read .skipped: "
-                                         "not_a_regular_file 1"):
+    with pytest.raises(ValueError, match=re.escape("matches no files to read (skipped: "
+                                                   "not_a_regular_file 1)")):
         plan_inputs([InputSpec(0, str(tmp_path / "pipe.jsonl"))])
+
+
+def test_on_gcs_a_directory_skips_by_name_and_a_literal_path_wins(monkeypatch):
+    root = "gs://hostile-inputs/in"
+    names = ["a.jsonl", "data1.jsonl", "data[1].jsonl", "sub/b.txt", ".hidden.jsonl",
+             ".cache/c.jsonl", "README.md", "sub/LICENSE.txt", "notes.xyz"]
+    with storage_emulator("hostile-inputs") as url, metadata_server() as metadata:
+        use_in_process(monkeypatch, cloud_env(url, metadata))
+        for name in names:
+            with FileSystems.create(f"{root}/{name}") as handle:
+                handle.write(jsonl([good(1)]).encode())
+        plan = plan_inputs([InputSpec(0, f"{root}/"), InputSpec(1, f"{root}/data[1].jsonl")])
+    assert [(s.input_index, s.path) for s in plan.shards] == [
+        (0, f"{root}/a.jsonl"), (0, f"{root}/data1.jsonl"), (0, f"{root}/data[1].jsonl"),
+        (0, f"{root}/sub/b.txt"), (1, f"{root}/data[1].jsonl")]
+    assert plan.input_facts()[0]["skipped"] == {
+        "hidden": 2, "readme_or_license": 2, "unknown_extension": 1}
 
 
 BAD_FILE_RECORDS = MIN_RECORDS_JUDGED_PER_FILE + 75  # all rejected: a file wrongly read
