@@ -173,7 +173,7 @@ def folder_runs(tmp_path_factory):
         run([*common, f"--output={root}/out", "--max_reject_fraction=1"])
     manifest = json.loads((root / "out" / "manifest.json").read_text())
     return {"data": data, "skipped": skipped, "stopped": stopped.value,
-            "stopped_output": root / "stopped", "manifest": manifest}
+            "stopped_output": root / "stopped", "manifest": manifest, "output": root / "out"}
 
 
 def test_one_wholly_rejected_file_stops_the_run_though_its_input_passes(folder_runs):
@@ -208,3 +208,13 @@ def test_the_manifest_counts_every_file_and_every_skip(folder_runs):
     assert sum(f["read"] for f in entry["files"]) == entry["read"]
     assert all(not f["filtered"] for f in entry["files"])
     assert manifest["instruction"]["examples"] == GOOD_RECORDS + MIXED[0]
+
+
+def test_the_report_shows_the_skipped_files_and_the_rejected_files(folder_runs):
+    page = (folder_runs["output"] / "report.html").read_text()
+    skipped = ", ".join(f"{reason} {len(found)}"
+                        for reason, found in sorted(folder_runs["skipped"].items()))
+    assert f"<td>4</td><td>{skipped}</td></tr>" in page
+    assert (f"<td>{folder_runs['data']}/wrong.jsonl</td><td>{BAD_FILE_RECORDS}</td><td>0</td>"
+            f"<td>0</td><td>{BAD_FILE_RECORDS}</td><td>unclassifiable {BAD_FILE_RECORDS}</td>"
+            ) in page
