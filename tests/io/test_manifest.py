@@ -1,10 +1,13 @@
 """The manifest's arithmetic: every record read is kept, filtered or rejected."""
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.util import assert_that
 
 from transforms.io.manifest import (
     FILES_LISTED,
     MIN_RECORDS_JUDGED_PER_FILE,
+    KeepWorstFiles,
     RejectRateError,
     RowCountError,
     build_manifest,
@@ -127,6 +130,39 @@ def test_the_reject_guard_judges_each_file_of_enough_records():
     with pytest.raises(RejectRateError, match=rf"{judged // 2 + 1} of {judged} records of "
                        r"b/wrong\.json \(--input b/\*\.json\) were rejected"):
         check_reject_fraction(manifest, 0.5, stats)
+
+
+def test_the_global_sum_gets_the_worst_files_per_input_and_always_one_over_the_fraction():
+    """Many files, each counted in several chunks: per input only FILES_LISTED files reach the
+    global sum, and a file over the fraction is among them though others rejected more."""
+    judged = MIN_RECORDS_JUDGED_PER_FILE
+    chunks = [{"records_read": 1, **file_stats({(0, f"many/{i:04d}"): {"read": 50 * judged}})}
+              for i in range(FILES_LISTED + 30)]
+    chunks += [file_stats({(0, f"many/{i:04d}"): {"rejected.unclassifiable": 20}})
+               for i in range(FILES_LISTED + 30) for _ in range(3)]  # 60 rejected: 1.2%
+    chunks += [file_stats({(0, "many/wrong"): {"read": judged, "rejected.unclassifiable": 3}}),
+               file_stats({(1, "one"): {"read": 4}})]
+    chunks += [file_stats({(0, "many/wrong"): {"rejected.unclassifiable": 1}})
+               for _ in range(judged // 2 - 2)]  # 51 of 100
+
+    def check(summed):
+        (stats,) = summed
+        assert stats["records_read"] == FILES_LISTED + 30
+        assert len(stats["files"]) == FILES_LISTED + 1
+        assert stats["files"][0, "many/wrong"] == {"read": judged,
+                                                   "rejected.unclassifiable": judged // 2 + 1}
+        assert stats["files"][1, "one"] == {"read": 4}
+        assert all(counts == {"read": 50 * judged, "rejected.unclassifiable": 60}
+                   for key, counts in stats["files"].items() if key[1].startswith("many/0"))
+        config = {**CONFIG, "inputs": [{"index": 0, "pattern": "many/"},
+                                       {"index": 1, "pattern": "one"}]}
+        with pytest.raises(RejectRateError, match="many/wrong"):
+            check_reject_fraction(build_manifest(stats, [], config, {}), 0.5, stats)
+
+    with beam.Pipeline() as pipeline:
+        summed = (pipeline | beam.Create(chunks) | KeepWorstFiles(0.5)
+                  | beam.CombineGlobally(sum_counters))
+        assert_that(summed, check)
 
 
 def test_a_run_whose_files_lost_rows_is_not_marked_complete():

@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 from collections.abc import Iterable, Mapping
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.lengths import SOURCE_PREFIX
@@ -61,6 +62,47 @@ def sum_counters(counters: Iterable[Mapping]) -> dict:
     if files:
         result[FILE_STATS] = dict(files)
     return result
+
+
+class KeepWorstFiles(beam.PTransform):
+    """The workers' stats with their per-file counters cut down to what the manifest shows:
+    each file's counters are summed by file (spread over the workers), and per input only the
+    ``FILES_LISTED`` files that come first (any over ``max_fraction``, then by rejected records)
+    reach the one global sum, so it grows with the inputs, not with their files."""
+
+    def __init__(self, max_fraction: float):
+        super().__init__()
+        self.max_fraction = max_fraction
+
+    def expand(self, stats: beam.PCollection) -> beam.PCollection:
+        worst = (
+            stats
+            | "PerFile" >> beam.FlatMap(lambda counters: counters.get(FILE_STATS, {}).items())
+            | "SumPerFile" >> beam.CombinePerKey(_sum_file_counts)
+            | "Rank" >> beam.Map(_file_rank, self.max_fraction)
+            | "Worst" >> beam.combiners.Top.PerKey(FILES_LISTED)
+            | "AsStats" >> beam.MapTuple(lambda index, ranked: {FILE_STATS: {
+                (index, path): counts for *_, path, counts in ranked}}))
+        rest = stats | "WithoutFiles" >> beam.Map(
+            lambda counters: {k: v for k, v in counters.items() if k != FILE_STATS})
+        return (rest, worst) | "StatsAndWorstFiles" >> beam.Flatten()
+
+
+def _sum_file_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: collections.Counter = collections.Counter()
+    for found in counts:
+        total.update(found)
+    return dict(total)
+
+
+def _file_rank(file: tuple[tuple[int, str], Mapping[str, int]],
+               max_fraction: float) -> tuple[int, tuple]:
+    """(input index, (over the fraction, rejected, path, counters)): ``Top`` keeps the largest."""
+    key, counts = file
+    rejected = sum(_by_prefix(counts, f"{REJECTED}.").values())
+    read = counts.get("read", 0)
+    over = read >= MIN_RECORDS_JUDGED_PER_FILE and rejected > max_fraction * read
+    return key[0], (over, rejected, key[1], counts)
 
 
 def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
