@@ -3,6 +3,7 @@ parts -> sharded files and manifest; a phased run is this graph once per phase."
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 
@@ -14,12 +15,12 @@ from beam_pipeline.options import PrepConfig
 from beam_pipeline.planning import Phase
 from transforms.classify import ClassifyRecords
 from transforms.core import progress
-from transforms.core.records import ShardSpec
-from transforms.core.steps import PARTS, STATS, Part, TailPlan, tail_group_ids
+from transforms.core.records import RecordChunk, ShardSpec
+from transforms.core.steps import FILE_STATS, PARTS, STATS, Part, TailPlan, tail_group_ids
 from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import FILTERED, INSTRUCTION, KNOWLEDGE
 from transforms.instruction.branch import InstructionBranch
-from transforms.io.manifest import sum_counters
+from transforms.io.manifest import KeepWorstFiles, sum_counters
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import (
     PARQUET_KINDS,
@@ -59,6 +60,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     chunks = p | "ReadInputs" >> ReadInputs(shards, cfg.chunk_records, cfg.max_record_mb * MIB,
                                             shard_bytes)
     routed = chunks | "ClassifyRecords" >> ClassifyRecords(cfg.inputs)
+    file_reads = chunks | "CountFileReads" >> beam.Map(_file_reads)
     second_read = SecondRead(tuple(shards), tuple(cfg.inputs), cfg.chunk_records,
                              cfg.max_record_mb * MIB, FileSystems.join(cfg.output, STAGING_DIR))
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
@@ -78,8 +80,9 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
               | f"Count {_step_label(parts)}" >> beam.Map(_count_tokens)
               | f"Stage {_step_label(parts)}" >> beam.ParDo(stage)
               for parts in (routed[PARTS], *knowledge_parts, *instruction_parts)]
-    stats = ((routed[STATS], knowledge_stats, instruction_stats)
+    stats = ((routed[STATS], knowledge_stats, instruction_stats, file_reads)
              | "AllStats" >> beam.Flatten()
+             | "KeepWorstFiles" >> KeepWorstFiles(cfg.max_reject_fraction)
              | "SumStats" >> beam.CombineGlobally(sum_counters))
     after_start = (staged
                    | "AllStaged" >> beam.Flatten()
@@ -101,6 +104,13 @@ def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,
     """The manifest's facts with the tokenizer's identity, found inside the job: the launcher
     only checks ``--tokenizer`` cheaply (``check_tokenizer``)."""
     return {**fields, "tokenizer": tokenizer_identity(load_tokenizer(tokenizer, chat_template))}
+
+
+def _file_reads(chunk: RecordChunk) -> dict:
+    """The records a chunk read, per file: the per-file breakdown's ``read`` (kept out of Beam
+    metrics, whose names would grow with the files)."""
+    reads = collections.Counter((record.input_index, record.source) for record in chunk.records)
+    return {FILE_STATS: {key: {"read": n} for key, n in reads.items()}}
 
 
 def _after(element: object, _: object) -> object:

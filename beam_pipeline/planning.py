@@ -103,6 +103,10 @@ def plan_phases(cfg: PrepConfig) -> list[Phase]:
             check_field_mappings(spec, inputs.first_files[spec.index])
         if inputs.large_compressed:
             LOG.warning("%s", large_compressed_advice(inputs.large_compressed))
+        for spec in phase_cfg.inputs:
+            if inputs.skipped[spec.index].counts:
+                LOG.info("--input %s: skipped %s", spec.pattern,
+                         inputs.skipped[spec.index].describe())
         result.append(Phase(name, phase_cfg, inputs))
     return result
 
@@ -136,7 +140,9 @@ def prepare(argv: Sequence[str]) -> Plan:
         check_system_prompt(tok, cfg.instruction.system_prompt)
     phases = plan_phases(cfg)
     run_id = uuid.uuid4().hex[:16]
-    facts: dict = {"run": {"output": cfg.output, "run_id": run_id}}
+    facts: dict = {"run": {"output": cfg.output, "run_id": run_id},
+                   "input_files": {index: found for phase in phases
+                                   for index, found in phase.inputs.input_facts().items()}}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
     for phase in phases:  # each phase's folder (or --output) gets a dataset card

@@ -265,12 +265,24 @@ def _records(plt: Any, manifest: Mapping) -> str:
         ax.legend(loc="lower right")
     parts.append(_figure(plt, by_input, height=0.9 + 0.3 * len(inputs)))
     rows = [(e["pattern"], e.get("name") or "", e["read"], k, f, r,
-             ", ".join(f"{reason} {n:,}" for reason, n in {**e["rejected"], **e["filtered"]}
-                       .items()))
+             _reasons({**e["rejected"], **e["filtered"]}), e.get("file_count", ""),
+             _reasons(e.get("skipped", {})))
             for e, k, f, r in zip(inputs, kept, filtered, rejected, strict=True)]
-    parts.append(_table(("input", "name", "read", "kept", "filtered", "rejected", "reasons"),
-                        rows))
+    parts.append(_table(("input", "name", "read", "kept", "filtered", "rejected", "reasons",
+                         "files", "files skipped"), rows))
+    # Per file, where an input of several files rejected records: the manifest lists the
+    # most rejected first.
+    files = [(e["pattern"], f["path"], f["read"], f["kept"], sum(f["filtered"].values()),
+              sum(f["rejected"].values()), _reasons({**f["rejected"], **f["filtered"]}))
+             for e in inputs for f in e.get("files", []) if f["rejected"]]
+    if files:
+        parts.append(_table(("input", "file", "read", "kept", "filtered", "rejected",
+                             "reasons"), files))
     return "".join(parts)
+
+
+def _reasons(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in counts.items())
 
 
 def _histogram_labels(histogram: Mapping[str, int]) -> tuple[list[str], list[int]]:

@@ -172,6 +172,7 @@ def test_classify_records_splits_a_chunk_and_counts_every_record():
                         "rejected.unclassifiable": 1,
                         "input.0.read": 4,
                         "input.0.rejected.unclassifiable": 1,
+                        "files": {(0, "x"): {"rejected.unclassifiable": 1}},
                     }
                 ]
             ),

@@ -169,10 +169,10 @@ def test_a_directory_without_known_files_suggests_a_glob(tmp_path, capsys):
     (folder / "part-0.data").write_text('{"text": "x"}\n')
     code, err = fail([f"--input={folder}", f"--output={tmp_path}/o"], capsys)
     assert code == 2
-    assert err == (f"error: --input {str(folder)!r} is a directory with no file of a known "
-                   "format (.csv, .json, .jsonl, .md, .ndjson, .parquet, .text, .tsv, .txt, "
-                   "optionally compressed); pass a glob with the format, e.g. --input "
-                   f"'{folder}/*.data#format=jsonl'\n")
+    assert err == (f"error: --input {str(folder)!r} is a directory with no data file of a "
+                   "known format (.csv, .json, .jsonl, .md, .ndjson, .parquet, .text, .tsv, "
+                   ".txt, optionally compressed); skipped: unknown_extension 1; pass a glob "
+                   f"with the format, e.g. --input '{folder}/*.data#format=jsonl'\n")
 
 
 def test_an_unreachable_hub_tokenizer_fails_at_once_in_one_line(tmp_path, capsys, monkeypatch):

@@ -25,7 +25,8 @@ ALLOWED = {
     # (shortest, longest) document in tokens: two ints.
     ("KnowledgeBranch/DocumentLengthRange", "CombineGlobally"): "two ints",
     # The counters: one per counter name (reason codes, steps, inputs: all fixed by the
-    # vocabulary and the --input list) plus the manifest's few samples per kind.
+    # vocabulary and the --input list) plus the manifest's few samples per kind, and the
+    # counters of at most FILES_LISTED files per input (KeepWorstFiles sums them per file).
     ("SumStats", "CombineGlobally"): "counters",
     ("WriteOutputs/WriteManifest", "AsSingleton"): "the counters above",
     # The manifest's facts: the configuration and the tokenizer's identity (found in the job),

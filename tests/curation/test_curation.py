@@ -214,9 +214,9 @@ def test_mix_sources_scales_the_larger_source_down_to_its_share():
                     label="small kept whole")
         big = per_source | "Big" >> beam.Filter(lambda kv: kv[0] == 0) | "N" >> beam.Values()
         assert_that(big | beam.Map(lambda n: 25 <= n <= 100), equal_to([True]), label="big")
-        counted = (mixed[STATS] | beam.FlatMap(dict.items) | beam.CombinePerKey(sum)
+        counted = (mixed[STATS] | beam.FlatMap(dict.items)
                    | "Unselected" >> beam.Filter(lambda kv: kv[0] == "knowledge.unselected")
-                   | "Count" >> beam.Values())
+                   | beam.CombinePerKey(sum) | "Count" >> beam.Values())
         total = (big | "AsList" >> beam.combiners.ToList()
                  | beam.Map(lambda n, dropped: n[0] + dropped,
                             dropped=beam.pvalue.AsSingleton(counted)))

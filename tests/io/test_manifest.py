@@ -1,8 +1,13 @@
 """The manifest's arithmetic: every record read is kept, filtered or rejected."""
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.util import assert_that
 
 from transforms.io.manifest import (
+    FILES_LISTED,
+    MIN_RECORDS_JUDGED_PER_FILE,
+    KeepWorstFiles,
     RejectRateError,
     RowCountError,
     build_manifest,
@@ -73,6 +78,91 @@ def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
     with pytest.raises(RejectRateError, match=r"4 of 4 records of --input b/\*\.json .*"
                        r"top reasons: unclassifiable 3, malformed_json 1"):
         check_reject_fraction(manifest, 0.5)
+
+
+def file_stats(counts: dict) -> dict:
+    """A chunk's per-file counters as the steps and the read count leave them."""
+    return {"files": {key: dict(value) for key, value in counts.items()}}
+
+
+def test_per_file_counters_are_summed_file_by_file_and_stay_out_of_the_totals():
+    total = sum_counters([
+        {"records_read": 3, **file_stats({(0, "d/a"): {"read": 2}, (0, "d/b"): {"read": 1}})},
+        file_stats({(0, "d/a"): {"rejected.malformed_json": 1}}),
+        sum_counters([file_stats({(0, "d/a"): {"read": 5}, (1, "d/a"): {"read": 1}})]),
+    ])
+    assert total == {"records_read": 3, "files": {
+        (0, "d/a"): {"read": 7, "rejected.malformed_json": 1}, (0, "d/b"): {"read": 1},
+        (1, "d/a"): {"read": 1}}}
+
+
+def test_an_input_of_several_files_lists_the_most_rejected_first_up_to_a_cap():
+    files = {(1, f"b/{i:03d}.json"): {"read": 10, "rejected.unclassifiable": i % 7,
+                                      "filtered.too_long": 1} for i in range(FILES_LISTED + 20)}
+    files[0, "a.jsonl"] = {"read": 6}
+    stats = {"input.0.read": 6, "input.1.read": 10 * len(files), **file_stats(files)}
+    facts = {0: {"file_count": 1, "skipped": {}, "skipped_examples": {}},
+             1: {"file_count": FILES_LISTED + 20, "skipped": {"hidden": 1},
+                 "skipped_examples": {"hidden": ["b/.x"]}}}
+    single, several = build_manifest(stats, [], CONFIG, {}, input_files=facts)["inputs"]
+    assert "files" not in single and single["file_count"] == 1
+    assert several["skipped"] == {"hidden": 1}
+    listed = several["files"]
+    assert len(listed) == FILES_LISTED
+    expected = sorted((-(i % 7), f"b/{i:03d}.json") for i in range(FILES_LISTED + 20))
+    assert [entry["path"] for entry in listed] == [path for _, path in expected][:FILES_LISTED]
+    first = listed[0]
+    assert first == {"path": "b/006.json", "read": 10, "kept": 3,
+                     "rejected": {"unclassifiable": 6}, "filtered": {"too_long": 1}}
+
+
+def test_the_reject_guard_judges_each_file_of_enough_records():
+    judged = MIN_RECORDS_JUDGED_PER_FILE
+    stats = {"input.1.read": 10 * judged, "input.1.rejected.unclassifiable": judged,
+             **file_stats({(1, "b/small.json"): {"read": judged - 1,
+                                                 "rejected.unclassifiable": judged - 1},
+                           (1, "b/wrong.json"): {"read": judged,
+                                                 "rejected.unclassifiable": 1},
+                           (1, "b/good.json"): {"read": 8 * judged + 1}})}
+    manifest = build_manifest(stats, [], CONFIG, {})
+    check_reject_fraction(manifest, 0.5, stats)  # the small file is judged with its input only
+    stats["files"][1, "b/wrong.json"]["rejected.unclassifiable"] = judged // 2 + 1
+    with pytest.raises(RejectRateError, match=rf"{judged // 2 + 1} of {judged} records of "
+                       r"b/wrong\.json \(--input b/\*\.json\) were rejected"):
+        check_reject_fraction(manifest, 0.5, stats)
+
+
+def test_the_global_sum_gets_the_worst_files_per_input_and_always_one_over_the_fraction():
+    """Many files, each counted in several chunks: per input only FILES_LISTED files reach the
+    global sum, and a file over the fraction is among them though others rejected more."""
+    judged = MIN_RECORDS_JUDGED_PER_FILE
+    chunks = [{"records_read": 1, **file_stats({(0, f"many/{i:04d}"): {"read": 50 * judged}})}
+              for i in range(FILES_LISTED + 30)]
+    chunks += [file_stats({(0, f"many/{i:04d}"): {"rejected.unclassifiable": 20}})
+               for i in range(FILES_LISTED + 30) for _ in range(3)]  # 60 rejected: 1.2%
+    chunks += [file_stats({(0, "many/wrong"): {"read": judged, "rejected.unclassifiable": 3}}),
+               file_stats({(1, "one"): {"read": 4}})]
+    chunks += [file_stats({(0, "many/wrong"): {"rejected.unclassifiable": 1}})
+               for _ in range(judged // 2 - 2)]  # 51 of 100
+
+    def check(summed):
+        (stats,) = summed
+        assert stats["records_read"] == FILES_LISTED + 30
+        assert len(stats["files"]) == FILES_LISTED + 1
+        assert stats["files"][0, "many/wrong"] == {"read": judged,
+                                                   "rejected.unclassifiable": judged // 2 + 1}
+        assert stats["files"][1, "one"] == {"read": 4}
+        assert all(counts == {"read": 50 * judged, "rejected.unclassifiable": 60}
+                   for key, counts in stats["files"].items() if key[1].startswith("many/0"))
+        config = {**CONFIG, "inputs": [{"index": 0, "pattern": "many/"},
+                                       {"index": 1, "pattern": "one"}]}
+        with pytest.raises(RejectRateError, match="many/wrong"):
+            check_reject_fraction(build_manifest(stats, [], config, {}), 0.5, stats)
+
+    with beam.Pipeline() as pipeline:
+        summed = (pipeline | beam.Create(chunks) | KeepWorstFiles(0.5)
+                  | beam.CombineGlobally(sum_counters))
+        assert_that(summed, check)
 
 
 def test_a_run_whose_files_lost_rows_is_not_marked_complete():

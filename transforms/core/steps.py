@@ -36,6 +36,9 @@ PARTS = "parts"
 STATS = "stats"
 TAILS = "tails"
 SAMPLES = "samples"
+# Per-file counters, keyed (input index, file path): summed into the manifest like the others
+# but never reported as Beam metrics, whose names would grow with the number of files.
+FILE_STATS = "files"
 METRICS_NAMESPACE = "beam_pipeline"
 VALIDATION = "validation"
 VALIDATION_MARK = "|" + VALIDATION
@@ -102,16 +105,21 @@ class ChunkStep(beam.DoFn):
         chunk_id = chunk.chunk_id
         self._prefix = f"{VALIDATION}." if is_validation(chunk_id) else ""
         yield from self.run(chunk, *side_inputs)
+        files: dict[tuple[int, str], collections.Counter] = collections.defaultdict(
+            collections.Counter)
         for kind, rejections in sorted(self._dropped.items()):
             for rejection in rejections:
                 self._stats[f"{kind}.{rejection.reason}"] += 1
                 self._stats[f"input.{rejection.input_index}.{kind}.{rejection.reason}"] += 1
+                files[rejection.input_index, rejection.source][f"{kind}.{rejection.reason}"] += 1
             yield beam.pvalue.TaggedOutput(
                 PARTS, Part(kind, chunk_id, self.step_name, rejections_table(rejections)))
         for name, value in self._stats.items():
             beam.metrics.Metrics.counter(METRICS_NAMESPACE, name).inc(value)
         if self._samples:
             self._stats[SAMPLES] = dict(self._samples)
+        if files:
+            self._stats[FILE_STATS] = dict(files)
         if self._stats:
             yield beam.pvalue.TaggedOutput(STATS, self._stats)
 

@@ -8,10 +8,12 @@ import importlib.metadata
 import json
 from collections.abc import Iterable, Mapping
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.lengths import SOURCE_PREFIX
 from transforms.core.packing import packing_efficiency
+from transforms.core.steps import FILE_STATS, SAMPLES
 from transforms.core.vocabulary import (
     FILTERED,
     MASK_METHODS,
@@ -25,6 +27,10 @@ VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "n
 
 
 SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
+FILES_LISTED = 100  # files per input in the manifest's per-file breakdown, most rejected first
+# A file of fewer records is judged by --max_reject_fraction only as part of its input: one bad
+# record of two is no sign of a wrong mapping, while a file wrongly read loses all its records.
+MIN_RECORDS_JUDGED_PER_FILE = 100
 
 
 def _sample_order(sample: Mapping) -> tuple:
@@ -37,18 +43,66 @@ def sum_counters(counters: Iterable[Mapping]) -> dict:
 
     The ``samples`` entry, if any, maps a name to example dicts: they are merged and only the
     first ``SAMPLES_KEPT`` in (source, position) order are kept, so the result is deterministic.
+    The ``files`` entry maps (input index, path) to that file's counters, added file by file.
     """
     total: collections.Counter = collections.Counter()
     samples: dict[str, list] = collections.defaultdict(list)
+    files: dict[tuple[int, str], collections.Counter] = collections.defaultdict(
+        collections.Counter)
     for counter in counters:
-        for name, found in counter.get("samples", {}).items():
+        for name, found in counter.get(SAMPLES, {}).items():
             samples[name].extend(found)
-        total.update({k: v for k, v in counter.items() if k != "samples"})
+        for key, counts in counter.get(FILE_STATS, {}).items():
+            files[key].update(counts)
+        total.update({k: v for k, v in counter.items() if k not in (SAMPLES, FILE_STATS)})
     result: dict = dict(sorted(total.items()))
     if samples:
-        result["samples"] = {name: sorted(found, key=_sample_order)[:SAMPLES_KEPT]
-                             for name, found in sorted(samples.items())}
+        result[SAMPLES] = {name: sorted(found, key=_sample_order)[:SAMPLES_KEPT]
+                           for name, found in sorted(samples.items())}
+    if files:
+        result[FILE_STATS] = dict(files)
     return result
+
+
+class KeepWorstFiles(beam.PTransform):
+    """The workers' stats with their per-file counters cut down to what the manifest shows:
+    each file's counters are summed by file (spread over the workers), and per input only the
+    ``FILES_LISTED`` files that come first (any over ``max_fraction``, then by rejected records)
+    reach the one global sum, so it grows with the inputs, not with their files."""
+
+    def __init__(self, max_fraction: float):
+        super().__init__()
+        self.max_fraction = max_fraction
+
+    def expand(self, stats: beam.PCollection) -> beam.PCollection:
+        worst = (
+            stats
+            | "PerFile" >> beam.FlatMap(lambda counters: counters.get(FILE_STATS, {}).items())
+            | "SumPerFile" >> beam.CombinePerKey(_sum_file_counts)
+            | "Rank" >> beam.Map(_file_rank, self.max_fraction)
+            | "Worst" >> beam.combiners.Top.PerKey(FILES_LISTED)
+            | "AsStats" >> beam.MapTuple(lambda index, ranked: {FILE_STATS: {
+                (index, path): counts for *_, path, counts in ranked}}))
+        rest = stats | "WithoutFiles" >> beam.Map(
+            lambda counters: {k: v for k, v in counters.items() if k != FILE_STATS})
+        return (rest, worst) | "StatsAndWorstFiles" >> beam.Flatten()
+
+
+def _sum_file_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: collections.Counter = collections.Counter()
+    for found in counts:
+        total.update(found)
+    return dict(total)
+
+
+def _file_rank(file: tuple[tuple[int, str], Mapping[str, int]],
+               max_fraction: float) -> tuple[int, tuple]:
+    """(input index, (over the fraction, rejected, path, counters)): ``Top`` keeps the largest."""
+    key, counts = file
+    rejected = sum(_by_prefix(counts, f"{REJECTED}.").values())
+    read = counts.get("read", 0)
+    over = read >= MIN_RECORDS_JUDGED_PER_FILE and rejected > max_fraction * read
+    return key[0], (over, rejected, key[1], counts)
 
 
 def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
@@ -56,10 +110,12 @@ def _by_prefix(stats: Mapping[str, int], prefix: str) -> dict[str, int]:
 
 
 def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: Mapping,
-                   tokenizer: Mapping, eval_texts: Mapping | None = None) -> dict:
+                   tokenizer: Mapping, eval_texts: Mapping | None = None,
+                   input_files: Mapping[int, Mapping] | None = None) -> dict:
     """Lays the counters out for people and tools; ``records.balanced`` is the accounting check.
 
-    ``eval_texts`` is ``EvalIndex.counts()`` when the run decontaminates.
+    ``eval_texts`` is ``EvalIndex.counts()`` when the run decontaminates; ``input_files`` is
+    ``InputPlan.input_facts()``: per input, how many files it reads and which it skipped.
     """
     rejected = _by_prefix(stats, "rejected.")
     filtered = _by_prefix(stats, "filtered.")
@@ -144,7 +200,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "examples_written": instruction.get("examples_written", 0),
         },
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
-        "inputs": _inputs(stats, config["inputs"]),
+        "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
         "tokenizer": dict(tokenizer),
         "config": dict(config),
@@ -221,19 +277,47 @@ def _mix_report(branch: str, mix: Mapping[str, int], config: Mapping) -> dict:
     } for source in sorted(figures)}
 
 
-def _inputs(stats: Mapping[str, int], inputs: Iterable[Mapping]) -> list[dict]:
-    """Per ``--input``: records read and what left the pipeline, by reason."""
-    return [
-        {
+def _inputs(stats: Mapping, inputs: Iterable[Mapping],
+            input_files: Mapping[int, Mapping]) -> list[dict]:
+    """Per ``--input``: records read and what left the pipeline, by reason; the files it read
+    and skipped; and, when it read several files, the same per file (``_files``)."""
+    by_input: dict[int, dict[str, Mapping]] = collections.defaultdict(dict)
+    for (index, path), counts in stats.get(FILE_STATS, {}).items():
+        by_input[index][path] = counts
+    entries = []
+    for spec in inputs:
+        index = spec["index"]
+        entry = {
             "pattern": spec["pattern"],
             "name": spec.get("name"),
-            "read": stats.get(f"input.{spec['index']}.read", 0),
-            REJECTED: _by_prefix(stats, f"input.{spec['index']}.rejected."),
-            FILTERED: _by_prefix(stats, f"input.{spec['index']}.filtered."),
-            "tokenized": _tokenized(_by_prefix(stats, f"{SOURCE_PREFIX}{spec['index']}.")),
+            "read": stats.get(f"input.{index}.read", 0),
+            REJECTED: _by_prefix(stats, f"input.{index}.rejected."),
+            FILTERED: _by_prefix(stats, f"input.{index}.filtered."),
+            "tokenized": _tokenized(_by_prefix(stats, f"{SOURCE_PREFIX}{index}.")),
+            **input_files.get(index, {}),
         }
-        for spec in inputs
-    ]
+        if len(by_input[index]) > 1:
+            entry["files"] = _files(by_input[index])
+        entries.append(entry)
+    return entries
+
+
+def _file_counts(path: str, counts: Mapping[str, int]) -> dict:
+    """One file's line in the per-file breakdown: kept is what was neither rejected nor
+    filtered (the validation split included)."""
+    rejected, filtered = _by_prefix(counts, f"{REJECTED}."), _by_prefix(counts, f"{FILTERED}.")
+    read = counts.get("read", 0)
+    return {"path": path, "read": read,
+            "kept": read - sum(rejected.values()) - sum(filtered.values()),
+            REJECTED: rejected, FILTERED: filtered}
+
+
+def _files(files: Mapping[str, Mapping[str, int]]) -> list[dict]:
+    """The ``FILES_LISTED`` files of an input with the most rejected records (then by path),
+    so that a run of 100,000 files keeps a short manifest; ``file_count`` tells how many."""
+    entries = [_file_counts(path, counts) for path, counts in files.items()]
+    entries.sort(key=lambda entry: (-sum(entry[REJECTED].values()), entry["path"]))
+    return entries[:FILES_LISTED]
 
 
 def _tokenized(counts: Mapping[str, int]) -> dict[str, dict]:
@@ -286,19 +370,28 @@ class RowCountError(RuntimeError):
     """Rows were lost or doubled between the steps and the output files."""
 
 
-def check_reject_fraction(manifest: Mapping, max_fraction: float) -> None:
-    """Refuses to mark a run complete when an input's rejections point to a configuration
-    mistake (a wrong mapping, format or branch), naming the input and its top reasons."""
-    for entry in manifest["inputs"]:
-        rejected = sum(entry[REJECTED].values())
-        if entry["read"] and rejected / entry["read"] > max_fraction:
-            top = sorted(entry[REJECTED].items(), key=lambda kv: -kv[1])[:3]
-            reasons = ", ".join(f"{reason} {n:,}" for reason, n in top)
+def check_reject_fraction(manifest: Mapping, max_fraction: float,
+                          stats: Mapping | None = None) -> None:
+    """Refuses to mark a run complete when the rejections of an input, or of one file of at
+    least ``MIN_RECORDS_JUDGED_PER_FILE`` records in it (from ``stats``' per-file counters),
+    point to a configuration mistake (a wrong mapping, format or branch), naming the input or
+    file and its top reasons."""
+    judged = [(f"--input {entry['pattern']}", entry["read"], entry[REJECTED])
+              for entry in manifest["inputs"]]
+    patterns = {spec["index"]: spec["pattern"] for spec in manifest["config"]["inputs"]}
+    for (index, path), counts in sorted((stats or {}).get(FILE_STATS, {}).items()):
+        if counts.get("read", 0) >= MIN_RECORDS_JUDGED_PER_FILE:
+            judged.append((f"{path} (--input {patterns.get(index, index)})", counts["read"],
+                           _by_prefix(counts, f"{REJECTED}.")))
+    for what, read, reasons in judged:
+        rejected = sum(reasons.values())
+        if read and rejected / read > max_fraction:
+            top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
             raise RejectRateError(
-                f"{rejected:,} of {entry['read']:,} records of --input {entry['pattern']} were "
-                f"rejected ({rejected / entry['read']:.0%} > --max_reject_fraction="
-                f"{max_fraction}); top reasons: {reasons}. The run is not marked complete "
-                "(no manifest.json); see rejected/ for the records.")
+                f"{rejected:,} of {read:,} records of {what} were rejected "
+                f"({rejected / read:.0%} > --max_reject_fraction={max_fraction}); top reasons: "
+                f"{', '.join(f'{reason} {n:,}' for reason, n in top)}. The run is not marked "
+                "complete (no manifest.json); see rejected/ for the records.")
 
 
 class RejectRateError(RuntimeError):
@@ -353,6 +446,12 @@ def summary_lines(manifest: Mapping) -> list[str]:
             reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(records[kind].items(),
                                                                   key=lambda kv: -kv[1]))
             lines.append(f"{kind} by reason: {reasons}")
+    for entry in manifest["inputs"]:
+        if entry.get("skipped"):
+            reasons = ", ".join(f"{k} {v:,}" for k, v in entry["skipped"].items())
+            lines.append(f"--input {entry['pattern']}: read {entry['file_count']:,} file(s), "
+                         f"skipped {sum(entry['skipped'].values()):,} ({reasons}; see "
+                         "inputs[].skipped_examples in manifest.json)")
     for kind, files in manifest["outputs"].items():
         rows = sum(f["rows"] for f in files)
         lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "

@@ -11,9 +11,12 @@ so that a wrong mapping fails the job before any work starts.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import posixpath
+import re
+import stat
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
@@ -39,22 +42,68 @@ LARGE_COMPRESSED_BYTES = 2 << 30
 INPUTS_DOC = "docs/inputs-at-scale.md"
 MAPPING_CHECK_RECORDS = 20  # first records of an input on which declared fields must appear
 MAPPING_CHECK_MAX_JSON_BYTES = 64 << 20  # a JSON array is parsed whole; larger ones go unchecked
+GLOB_CHARACTERS = re.compile(r"[*?\[]")
+
+# Why a file an input could reach is not read (``inputs[i].skipped`` in the manifest). The first
+# four apply to files found in a directory input; the rest to any local file.
+HIDDEN = "hidden"  # a name starting with '.', or under such a folder (which counts once)
+README_OR_LICENSE = "readme_or_license"  # README*, LICENSE*, LICENCE*: about the data, not data
+UNKNOWN_EXTENSION = "unknown_extension"  # the extension names no format, and none is declared
+NAME_NOT_UTF8 = "name_not_utf8"  # the provenance of its records could not be written down
+NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO (reading it waits forever), socket, device
+BROKEN_LINK = "broken_link"  # a symbolic link to nothing (or to itself)
+UNREADABLE = "unreadable"  # a folder that cannot be listed or a file that cannot be looked at
+SAME_FILE = "same_file"  # reached before under another path (a link): read once
+SKIPPED_EXAMPLES = 3  # paths kept per reason in the manifest
+_DOCUMENTATION = ("README", "LICENSE", "LICENCE")
+
+
+@dataclasses.dataclass
+class Skipped:
+    """The files one input passed over: how many per reason, and the first few paths of each."""
+
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    examples: dict[str, list[str]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(list))
+
+    def add(self, reason: str, path: str) -> None:
+        self.counts[reason] += 1
+        if len(self.examples[reason]) < SKIPPED_EXAMPLES:
+            # A name that is not UTF-8 cannot go into JSON as it is: its bytes are shown escaped.
+            self.examples[reason].append(
+                path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+
+    def facts(self) -> dict:
+        return {"skipped": dict(sorted(self.counts.items())),
+                "skipped_examples": {reason: self.examples[reason] for reason in sorted(
+                    self.counts)}}
+
+    def describe(self) -> str:
+        return ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.counts.items()))
 
 
 @dataclasses.dataclass(frozen=True)
 class InputPlan:
     """What the launcher learns from glob expansion alone: the shards, the bytes each stands
-    for (for progress), the first file of each input (for the field-mapping check) and the
-    compressed files too large to read fast (one worker reads each)."""
+    for (for progress), the first file of each input (for the field-mapping check), the
+    compressed files too large to read fast (one worker reads each), and per input how many
+    files it reads and which it skipped (for the manifest)."""
 
     shards: list[ShardSpec]
     shard_bytes: list[int]
     first_files: dict[int, str]
     large_compressed: list[tuple[str, int]]
+    file_counts: dict[int, int] = dataclasses.field(default_factory=dict)
+    skipped: dict[int, Skipped] = dataclasses.field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.shard_bytes)
+
+    def input_facts(self) -> dict[int, dict]:
+        """Per input index, what the manifest's ``inputs`` entry says about its files."""
+        return {index: {"file_count": count, **self.skipped[index].facts()}
+                for index, count in self.file_counts.items()}
 
 
 def plan_shards(
@@ -80,40 +129,139 @@ def plan_inputs(
     cuts them into row-group ranges inside the job."""
     if target_shard_bytes < 1:
         raise ValueError(f"target_shard_bytes must be positive, got {target_shard_bytes}")
-    shards: list[ShardSpec] = []
-    sizes: list[int] = []
-    first_files: dict[int, str] = {}
-    large: list[tuple[str, int]] = []
+    plan = InputPlan([], [], {}, [])
     for spec in specs:
-        files = _matched_files(spec)
-        first_files[spec.index] = files[0][0]
+        skipped = plan.skipped[spec.index] = Skipped()
+        files = _matched_files(spec, skipped)
+        plan.first_files[spec.index] = files[0][0]
+        plan.file_counts[spec.index] = len(files)
         for path, size in files:
             for shard, nbytes in _plan_file(spec, path, size, target_shard_bytes):
-                shards.append(shard)
-                sizes.append(nbytes)
+                plan.shards.append(shard)
+                plan.shard_bytes.append(nbytes)
             if compression_suffix(path) and size > LARGE_COMPRESSED_BYTES:
-                large.append((path, size))
-    return InputPlan(shards, sizes, first_files, large)
+                plan.large_compressed.append((path, size))
+    return plan
 
 
-def _matched_files(spec: InputSpec) -> list[tuple[str, int]]:
-    """The files of ``spec``, sorted by path. A directory stands for the files in it (at any
-    depth) whose format the extension tells, or all of them when the format is declared."""
+def _matched_files(spec: InputSpec, skipped: Skipped) -> list[tuple[str, int]]:
+    """The files of ``spec``, sorted by path, each once; what is passed over goes to
+    ``skipped``. A directory stands for the data files in it at any depth: those whose format
+    the extension tells (all when the format is declared), neither hidden nor a README or
+    LICENSE. A local file that is not a regular one (a FIFO would block the read forever) or a
+    link to nothing is skipped wherever it is found."""
     directory = _directory(spec.pattern)
     if directory is None:
-        metadata = FileSystems.match([spec.pattern])[0].metadata_list
-        if not metadata:
-            raise ValueError(f"--input pattern {spec.pattern!r} matches no files")
-        return sorted((m.path, m.size_in_bytes) for m in metadata)
-    found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
-    files = sorted((m.path, m.size_in_bytes) for m in found
-                   if spec.format or _known_format(m.path))
+        files = _local_files(_match(spec.pattern), skipped)
+        if not files:
+            raise ValueError(f"--input pattern {spec.pattern!r} matches no files"
+                             + (f" to read (skipped: {skipped.describe()})"
+                                if skipped.counts else ""))
+        return files
+    if "://" in directory:
+        found = [(m.path, m.size_in_bytes) for m in
+                 FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list]
+    else:
+        found = _walk(directory, skipped)
+    named = []
+    for path, size in found:
+        reason = _name_reason(spec, path[len(directory):].lstrip("/"))
+        if reason is None:
+            named.append((path, size))
+        else:
+            skipped.add(reason, path)
+    files = _local_files(named, skipped)
     if not files:
         raise ValueError(
-            f"--input {spec.pattern!r} is a directory with no file of a known format "
-            f"({', '.join(sorted(FORMAT_BY_EXTENSION))}, optionally compressed); pass a glob "
-            f"with the format, e.g. --input '{directory.rstrip('/')}/*.data#format=jsonl'")
+            f"--input {spec.pattern!r} is a directory with no data file of a known format "
+            f"({', '.join(sorted(FORMAT_BY_EXTENSION))}, optionally compressed)"
+            + (f"; skipped: {skipped.describe()}" if skipped.counts else "")
+            + f"; pass a glob with the format, e.g. --input "
+            f"'{directory.rstrip('/')}/*.data#format=jsonl'")
     return files
+
+
+def _match(pattern: str) -> list[tuple[str, int]]:
+    """The files a pattern names: itself when it exists as a path (``data[1].jsonl`` is that
+    file even beside ``data1.jsonl``), else the files its glob matches."""
+    filesystem = FileSystems.get_filesystem(pattern)
+    if GLOB_CHARACTERS.search(pattern) and filesystem.exists(pattern):
+        found = [filesystem.metadata(pattern)]
+    else:
+        found = FileSystems.match([pattern])[0].metadata_list
+    return [(m.path, m.size_in_bytes) for m in found]
+
+
+def _walk(directory: str, skipped: Skipped) -> list[tuple[str, int]]:
+    """Every file under a local directory, through links to folders; a folder that is hidden,
+    cannot be listed or was reached before (a link loop) is skipped once, not entered."""
+    found: list[tuple[str, int]] = []
+    entered: set[str] = set()
+
+    def unreadable(error: OSError) -> None:
+        skipped.add(UNREADABLE, str(error.filename))
+
+    for root, folders, names in os.walk(directory, onerror=unreadable, followlinks=True):
+        real = os.path.realpath(root)
+        if real in entered:
+            skipped.add(SAME_FILE, os.path.join(root, ""))
+            folders[:] = []
+            continue
+        entered.add(real)
+        kept = []
+        for name in sorted(folders):
+            reason = _name_reason(None, name, folder=True)
+            if reason is None:
+                kept.append(name)
+            else:
+                skipped.add(reason, os.path.join(root, name, ""))
+        folders[:] = kept
+        found += [(os.path.join(root, name), 0) for name in names]
+    return found
+
+
+def _name_reason(spec: InputSpec | None, relative: str, folder: bool = False) -> str | None:
+    """Why a path found in a directory input is not data, from its name alone (``relative``
+    to the directory); None when it is read."""
+    try:
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        return NAME_NOT_UTF8
+    parts = relative.split("/")
+    if any(part.startswith(".") for part in parts):
+        return HIDDEN
+    if folder:
+        return None
+    if parts[-1].upper().startswith(_DOCUMENTATION):
+        return README_OR_LICENSE
+    if spec is not None and not spec.format and not _known_format(relative):
+        return UNKNOWN_EXTENSION
+    return None
+
+
+def _local_files(found: list[tuple[str, int]], skipped: Skipped) -> list[tuple[str, int]]:
+    """``found`` sorted by path, local files looked at: only regular files, each once (by its
+    own path when the input reaches it so, else by the first link in order), with their sizes;
+    remote objects as listed."""
+    files: list[tuple[str, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for path, size in sorted(found, key=lambda item: (os.path.islink(item[0]), item[0])):
+        if "://" in path:
+            files.append((path, size))
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            skipped.add(BROKEN_LINK if os.path.islink(path) else UNREADABLE, path)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            skipped.add(NOT_A_REGULAR_FILE, path)
+        elif (info.st_dev, info.st_ino) in seen:
+            skipped.add(SAME_FILE, path)
+        else:
+            seen.add((info.st_dev, info.st_ino))
+            files.append((path, info.st_size))
+    return sorted(files)
 
 
 def _directory(pattern: str) -> str | None:
@@ -240,5 +388,5 @@ def _first_parquet_rows(shard: ShardSpec) -> Iterator[RecordChunk]:
 def _too_big_to_peek(path: str, fmt: str) -> bool:
     if fmt != "json":
         return False
-    (meta,) = FileSystems.match([path])[0].metadata_list
-    return meta.size_in_bytes > MAPPING_CHECK_MAX_JSON_BYTES
+    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes > \
+        MAPPING_CHECK_MAX_JSON_BYTES

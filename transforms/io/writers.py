@@ -630,9 +630,9 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     if leftovers:
         FileSystems.delete(leftovers)
     manifest = build_manifest(stats, files, fields["config"], fields["tokenizer"],
-                              fields.get("eval_texts"))
+                              fields.get("eval_texts"), fields.get("input_files"))
     check_rows_written(manifest)
-    check_reject_fraction(manifest, fields["config"]["max_reject_fraction"])
+    check_reject_fraction(manifest, fields["config"]["max_reject_fraction"], stats)
     manifest["warnings"] = input_warnings(manifest)
     check_strict(manifest, fields["config"].get("strict", False))
     check_files_hold_rows(files)
