@@ -24,13 +24,14 @@ from transforms.instruction.chat_template import (
     check_system_prompt,
     check_template_tokens,
 )
+from transforms.io.earlier_runs import check_card_place, check_output_dir
 from transforms.io.planning import (
     InputPlan,
     check_field_mappings,
     large_compressed_advice,
     plan_inputs,
 )
-from transforms.io.writers import OUTPUT_KINDS, PHASES_NAME, check_card_place, check_output_dir
+from transforms.io.writers import OUTPUT_KINDS, PHASES_NAME
 
 LOG = logging.getLogger("beam_pipeline")
 RESERVED_NAMES = {kind.split("/")[0] for kind in OUTPUT_KINDS} | {"manifest.json", PHASES_NAME}

@@ -32,8 +32,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.card import write_card
 from transforms.core.vocabulary import IGNORE_INDEX
+from transforms.io.earlier_runs import REPORT_NAME, REPORT_TAG, check_card_place
 from transforms.io.manifest import read_manifest
-from transforms.io.writers import REPORT_NAME, REPORT_TAG, check_card_place
 
 INSTALL_HINT = "pip install 'beam-llm-dataprep[report]'"  # or: pip install matplotlib
 # (id, title): every section is always present; one without data says why.

@@ -22,9 +22,10 @@ from beam_pipeline.graph import PreparePhase, build_graph
 from beam_pipeline.options import PrepConfig, launch_command
 from beam_pipeline.planning import Phase, Plan, prepare
 from beam_pipeline.report import publish
+from transforms.io.earlier_runs import ClearPreviousRun, clear_staging
 from transforms.io.manifest import MANIFEST_NAME, read_manifest, summary_lines
 from transforms.io.output_lock import Holder, OutputLock, acquire, release_if_held
-from transforms.io.writers import PHASES_NAME, ClearPreviousRun, clear_staging
+from transforms.io.writers import PHASES_NAME
 
 LOG = logging.getLogger("beam_pipeline")
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")

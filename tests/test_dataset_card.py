@@ -9,8 +9,8 @@ from datasets import load_dataset
 
 from beam_pipeline.card import CARD_NAME, build_card
 from tests.support.report_run import curated_run
+from transforms.io.earlier_runs import is_our_card
 from transforms.io.input_specs import parse_input_spec
-from transforms.io.writers import is_our_card
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ from tests.support.gcs import (
     storage_emulator,
     use_in_process,
 )
+from transforms.io.earlier_runs import check_output_dir, clear_previous_outputs
 from transforms.io.output_lock import LOCK_NAME, Holder, acquire
-from transforms.io.writers import check_output_dir, clear_previous_outputs
 
 BUCKET = "dataprep-test"
 TEMPLATE = ROOT / "tests" / "data" / "templates" / "chatml.jinja"

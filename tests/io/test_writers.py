@@ -10,17 +10,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from transforms.core.steps import Part
-from transforms.io.writers import (
+from transforms.io.earlier_runs import (
     REPORT_TAG,
+    check_card_place,
+    check_output_dir,
+    clear_previous_outputs,
+    clear_staging,
+)
+from transforms.io.writers import (
     OutputFile,
     ShardFiles,
     StagedFile,
     StagePart,
     WriteOutputFile,
-    check_card_place,
-    check_output_dir,
-    clear_previous_outputs,
-    clear_staging,
     cut_shard,
     find_staged,
     output_file,
