@@ -17,8 +17,9 @@ import apache_beam.runners.render  # noqa: F401  (makes --render_output an optio
 from beam_pipeline.cli import main
 
 INPUTS = ("examples/data/c4_sample.jsonl", "examples/data/sharegpt_sample.json")
-# The boxes: top-level transforms, and each step of a branch, Stage and the first pass.
-LEAVES = (r"^(ReadInputs|ClassifyRecords|WriteOutputs|AllStaged|AllStats|SumStats|Stage [^/]+"
+# The boxes: every top-level transform but the branches, each step of a branch, and each step
+# of deduplication's first pass.
+LEAVES = (r"^((?!KnowledgeBranch$|InstructionBranch$)[^/]+"
           r"|KnowledgeBranch/[^/]+|InstructionBranch/[^/]+"
           r"|KnowledgeBranch/FindDuplicateDocuments/[^/]+)$")
 
