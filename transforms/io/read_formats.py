@@ -117,7 +117,7 @@ def limit_option(limit: int) -> str:
 
 
 def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
-    return Record(shard.path, position, shard.input_index, error=Drop(reason, message), raw=raw)
+    return Record(shard.source, position, shard.input_index, error=Drop(reason, message), raw=raw)
 
 
 def _raw(data: bytes, truncated: bool = False) -> str:
@@ -295,7 +295,7 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     if not isinstance(value, dict):
         message = f"a JSON {type(value).__name__}, not an object"
         return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
-    return Record(shard.path, line.offset, shard.input_index, value=value)
+    return Record(shard.source, line.offset, shard.input_index, value=value)
 
 
 def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
@@ -308,7 +308,8 @@ def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
                 continue
             value = _text_value(shard, line, limit)
             if isinstance(value, str):
-                value = Record(shard.path, line.offset, shard.input_index, value=value.rstrip("\r"))
+                value = Record(shard.source, line.offset, shard.input_index,
+                               value=value.rstrip("\r"))
             yield value, line.size + 1
 
 
@@ -338,7 +339,7 @@ class _Paragraph:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
             return _failed(shard, self.offset, INVALID_UTF8, str(error), _raw(data))
-        return Record(shard.path, self.offset, shard.input_index, value=text)
+        return Record(shard.source, self.offset, shard.input_index, value=text)
 
 
 def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
@@ -382,7 +383,7 @@ def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[t
         yield _failed(shard, 0, INVALID_UTF8, str(error), _raw(data)), len(data)
         return
     if text:
-        yield Record(shard.path, 0, shard.input_index, value=text), len(data)
+        yield Record(shard.source, 0, shard.input_index, value=text), len(data)
 
 
 _TEXT_READERS: dict[str, _Reader] = {
@@ -428,7 +429,7 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
         if _too_deep(item):
             yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
         elif isinstance(item, dict):
-            yield Record(shard.path, index, shard.input_index, value=item), share
+            yield Record(shard.source, index, shard.input_index, value=item), share
         else:
             raw = _raw_text(json.dumps(item, ensure_ascii=False))
             message = f"a JSON {type(item).__name__}, not an object"
@@ -522,7 +523,7 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
             if error is None:
                 yield (
                     Record(
-                        shard.path, index, shard.input_index, dict(zip(header, row, strict=True))
+                        shard.source, index, shard.input_index, dict(zip(header, row, strict=True))
                     ),
                     size,
                 )
@@ -554,7 +555,7 @@ def _read_parquet(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tup
         for batch in parquet.iter_batches(row_groups=groups, use_threads=False):
             share = max(1, batch.nbytes // max(1, batch.num_rows))
             for row in batch.to_pylist():
-                yield Record(shard.path, cursor.position, shard.input_index, value=row), share
+                yield Record(shard.source, cursor.position, shard.input_index, value=row), share
                 cursor.position += 1
 
 
