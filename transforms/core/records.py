@@ -176,6 +176,8 @@ def raw_text(record: Record, cap: int = RAW_CAP_BYTES) -> str:
             text = json.dumps(record.value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(record.value)
-    if len(text.encode("utf-8", "replace")) <= cap:
+    text = printable(text)
+    data = text.encode("utf-8")
+    if len(data) <= cap:
         return text
-    return text.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore") + "...[truncated]"
+    return data[:cap].decode("utf-8", "ignore") + "...[truncated]"

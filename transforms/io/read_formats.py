@@ -16,6 +16,7 @@ import dataclasses
 import io
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -31,6 +32,7 @@ from transforms.core.records import (
 )
 from transforms.core.vocabulary import (
     INVALID_UTF8,
+    LONE_SURROGATE,
     MALFORMED_CSV,
     MALFORMED_JSON,
     NOT_AN_OBJECT,
@@ -127,7 +129,13 @@ def _raw(data: bytes, truncated: bool = False) -> str:
 
 
 def _raw_text(text: str) -> str:
-    return _raw(text.encode("utf-8", "surrogateescape"))
+    """Capped text of a bad record: bytes carried as surrogate escapes (CSV) come out replaced,
+    a lone surrogate from a JSON escape as that escape."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "backslashreplace")
+    return _raw(data)
 
 
 # ----------------------------------------------------------------- line-delimited input
@@ -251,8 +259,10 @@ def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple
                 yield _json_line(shard, line, limit), line.size + 1
 
 
-# RecursionError: JSON nested deeper than the parser's stack, a hostile record, not a crash.
-_JSON_ERRORS = (json.JSONDecodeError, RecursionError)
+# ValueError: besides JSONDecodeError, an integer of more than 4,300 digits (Python's limit on
+# int-string conversion). RecursionError: JSON nested deeper than the parser's stack. Both are
+# hostile records, not crashes.
+_JSON_ERRORS = (ValueError, RecursionError)
 
 
 # Deeper values parse but cannot be pickled between Beam stages; no real record nests this deep.
@@ -278,6 +288,31 @@ def _json_message(error: Exception) -> str:
     return "JSON nested too deeply to parse" if isinstance(error, RecursionError) else str(error)
 
 
+# JSON may escape half of a surrogate pair alone ("\ud800"): json.loads gives a str that no
+# UTF-8 output can hold, which would fail far downstream. Only text holding such an escape
+# (a backslash, u, then D8-DF) is scanned for one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_MESSAGE = ("JSON string escapes a lone surrogate (half of a UTF-16 pair, "
+                      "e.g. \\ud800), which is not Unicode text")
+
+
+def _holds_lone_surrogate(value: object) -> bool:
+    """Whether a string, an object key or a value nested in ``value`` holds a lone surrogate
+    (iteratively; the parser joins a valid escaped pair into one character)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii() and not _is_utf8(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     text = _text_value(shard, line, limit)
     if isinstance(text, Record):
@@ -295,6 +330,9 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     if not isinstance(value, dict):
         message = f"a JSON {type(value).__name__}, not an object"
         return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
+    if _SURROGATE_ESCAPE.search(text) and _holds_lone_surrogate(value):
+        return _failed(shard, line.offset, LONE_SURROGATE, _SURROGATE_MESSAGE,
+                       _raw_text(text.rstrip("\r")))
     return Record(shard.source, line.offset, shard.input_index, value=value)
 
 
@@ -403,12 +441,19 @@ def _read_text(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
 def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
     """A top-level array (one record per element) or a single object, parsed whole.
 
-    The whole file is in memory while it is parsed: JSON arrays cannot be split safely. A file
-    that does not parse is one ``malformed_json`` record: a partial prefix would be misleading.
-    An empty or all-whitespace file holds no records.
+    The whole file is in memory while it is parsed: JSON arrays cannot be split safely. So the
+    document is one record for ``--max_record_mb``: a larger one (say a small ``.gz`` that
+    inflates to gigabytes) is refused after reading ``limit`` bytes, never held. A file that
+    does not parse is one ``malformed_json`` record: a partial prefix would be misleading. An
+    empty or all-whitespace file holds no records.
     """
     with open_input(shard.path) as stream:
-        data = stream.read()
+        data = stream.read(limit + 1)
+    if len(data) > limit:
+        message = (f"JSON document exceeds {limit_option(limit)}; a .json file is parsed whole: "
+                   "write it as JSON Lines (.jsonl) or raise the limit")
+        yield _failed(shard, 0, RECORD_TOO_LARGE, message, _raw(data, True)), len(data)
+        return
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -423,17 +468,21 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
         return
     items = value if isinstance(value, list) else [value]
     share = max(1, len(data) // max(1, len(items)))  # chunk_bytes needs a size per record
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None
     del data, text
     for index, item in enumerate(items):
         cursor.position = index
         if _too_deep(item):
             yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
-        elif isinstance(item, dict):
-            yield Record(shard.source, index, shard.input_index, value=item), share
-        else:
+        elif not isinstance(item, dict):
             raw = _raw_text(json.dumps(item, ensure_ascii=False))
             message = f"a JSON {type(item).__name__}, not an object"
             yield _failed(shard, index, NOT_AN_OBJECT, message, raw), share
+        elif surrogates and _holds_lone_surrogate(item):
+            raw = _raw_text(json.dumps(item, ensure_ascii=False))
+            yield _failed(shard, index, LONE_SURROGATE, _SURROGATE_MESSAGE, raw), share
+        else:
+            yield Record(shard.source, index, shard.input_index, value=item), share
 
 
 class _CsvLines:
