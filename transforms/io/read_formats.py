@@ -56,6 +56,7 @@ DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 _BOM = b"\xef\xbb\xbf"
 _LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
 _TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
+_BLANK_RUN = re.compile(rb"[ \t\r\x0b\x0c\n]*\n")  # blank lines, as bytes.isspace() sees them
 
 
 # --------------------------------------------------------------------------- reading
@@ -168,6 +169,16 @@ def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterat
                 start = cursor.position = len(_BOM)
         pos = 0
         while True:
+            if size == 0 and start != offset and (run := _BLANK_RUN.match(block, pos)):
+                # At a line start, a run of blank lines is one blank line: a file of newlines
+                # reads at the speed of the regex, not a loop turn per line. Not the first
+                # line: ``offset`` may be inside a line, whose rest is a line of its own.
+                yield _Line(start, b"", 0, True, False)
+                start += run.end() - pos
+                cursor.position = start
+                parts, blank = [], True
+                pos = run.end()
+                continue
             newline = block.find(b"\n", pos)
             piece = block[pos:] if newline < 0 else block[pos:newline]
             blank = blank and (not piece or piece.isspace())
@@ -490,6 +501,8 @@ class _CsvLines:
 
     Refuses (with ``_RowTooLarge``) a row longer than the limit, skipping the rest of its line
     in bounded pieces; ``csv.reader`` resets its state on the next call, so reading goes on.
+    Blank lines between rows are no rows: a run of them is skipped a block at a time, so a
+    file of newlines reads at disk speed rather than a row at a time.
     """
 
     def __init__(self, text: io.TextIOBase, limit: int) -> None:
@@ -497,30 +510,58 @@ class _CsvLines:
         self._limit = limit
         self._row: list[str] = []
         self._size = 0
+        self._pending: io.StringIO | None = None  # text read ahead past blank lines
 
     def __iter__(self) -> _CsvLines:
         return self
 
     def __next__(self) -> str:
-        line = self._text.readline(self._limit + 1 - self._size)
+        line = self._readline(self._limit + 1 - self._size)
+        if not self._row and line in _BLANK_LINES:  # between rows
+            self._skip_blank_lines()
+            line = self._readline(self._limit + 1)
         if not line:
             raise StopIteration
         self._size += len(line)
         if self._size > self._limit:
             self._row = [("".join(self._row) + line)[:RAW_CAP_BYTES]]
             while line and not line.endswith(("\n", "\r")):
-                line = self._text.readline(BLOCK)
+                line = self._readline(BLOCK)
                 self._size += len(line)
             raise _RowTooLarge(f"row of {self._size}+ characters exceeds "
                                f"{limit_option(self._limit)}")
         self._row.append(line)
         return line
 
+    def _readline(self, size: int) -> str:
+        if self._pending is None:
+            return self._text.readline(size)
+        line = self._pending.readline(size)
+        if len(line) == size or line.endswith(("\n", "\r")):
+            return line
+        self._pending = None  # read out: the line goes on in the stream
+        return line + self._text.readline(size - len(line))
+
+    def _skip_blank_lines(self) -> None:
+        """Reads past line ends up to the next other character, keeping the text from there."""
+        rest = ""
+        while not rest:
+            block = self._pending.read() if self._pending is not None else ""
+            self._pending = None
+            block = block or self._text.read(BLOCK)
+            if not block:
+                break
+            rest = block.lstrip("\r\n")
+        self._pending = io.StringIO(rest, newline="") if rest else None
+
     def take(self) -> tuple[str, int]:
         """The text of the row just read and its full size; starts the next row."""
         row, size = "".join(self._row), self._size
         self._row, self._size = [], 0
         return row, size
+
+
+_BLANK_LINES = ("\n", "\r\n", "\r")
 
 
 class _RowTooLarge(Exception):
