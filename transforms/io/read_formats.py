@@ -633,20 +633,31 @@ def _is_utf8(text: str) -> bool:
 
 
 def _read_parquet(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    """Rows of the planned row groups; positions count rows from the start of the file."""
+    """Rows of the planned row groups; positions count rows from the start of the file.
+
+    Row groups are read one at a time: one that cannot be read (a corrupt page) costs only its
+    own rows, each one ``unreadable_file`` record (the footer says how many), and reading goes
+    on with the next. A footer that cannot be read is one record for the whole file.
+    """
     with FileSystems.open(shard.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         parquet = pq.ParquetFile(f)
         meta = parquet.metadata
         end = meta.num_row_groups if shard.end is None else shard.end
-        cursor.position = sum(meta.row_group(i).num_rows for i in range(shard.start))
-        groups = list(range(shard.start, end))
-        if not groups:
-            return
-        for batch in parquet.iter_batches(row_groups=groups, use_threads=False):
-            share = max(1, batch.nbytes // max(1, batch.num_rows))
-            for row in batch.to_pylist():
-                yield Record(shard.source, cursor.position, shard.input_index, value=row), share
-                cursor.position += 1
+        first = sum(meta.row_group(i).num_rows for i in range(shard.start))
+        for group in range(shard.start, end):
+            cursor.position = first
+            first += meta.row_group(group).num_rows  # now the first row of the next group
+            try:
+                for batch in parquet.iter_batches(row_groups=[group], use_threads=False):
+                    share = max(1, batch.nbytes // max(1, batch.num_rows))
+                    for row in batch.to_pylist():
+                        yield Record(shard.source, cursor.position, shard.input_index,
+                                     value=row), share
+                        cursor.position += 1
+            except READ_ERRORS as error:
+                message = f"row group {group} cannot be read: {type(error).__name__}: {error}"
+                for position in range(cursor.position, first):
+                    yield _failed(shard, position, UNREADABLE_FILE, message, ""), 1
 
 
 _READERS: dict[str, _Reader] = {
