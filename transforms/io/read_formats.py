@@ -11,6 +11,7 @@ instead of ending quietly; the readers below report it as ``unreadable_file``.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -582,6 +583,7 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
         lines = _CsvLines(text, limit)
         reader = csv.reader(lines, csv.excel_tab if tsv else csv.excel)
         header: list[str] | None = None
+        header_error: Drop | None = None  # a fault of the header, which rejects every row
         index = 0
         while True:
             cursor.position = index
@@ -607,7 +609,9 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                     yield _failed(shard, 0, error.reason, message, _raw_text(raw)), size
                     return
                 header = row
+                header_error = _header_error(header)
                 continue
+            error = error or header_error
             if error is None and len(row) != len(header):
                 error = Drop(MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
             if error is None:
@@ -622,6 +626,17 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                 raw = _raw(data, truncated=error.reason == RECORD_TOO_LARGE)
                 yield _failed(shard, index, error.reason, error.message, raw), size
             index += 1
+
+
+def _header_error(header: list[str]) -> Drop | None:
+    """A header that names a column twice: a row as a dict would keep only the last value, so
+    every row of the file is refused rather than read wrong."""
+    repeated = sorted(name for name, count in collections.Counter(header).items() if count > 1)
+    if not repeated:
+        return None
+    names = ", ".join(repr(name) for name in repeated)
+    return Drop(MALFORMED_CSV, f"the header names column {names} more than once; "
+                               "rename the copies so that each column has its own name")
 
 
 def _is_utf8(text: str) -> bool:
