@@ -11,6 +11,7 @@ import bz2
 import csv
 import gzip
 import hashlib
+import io
 import itertools
 import json
 import lzma
@@ -19,6 +20,7 @@ import pickle
 import tempfile
 import tracemalloc
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -522,6 +524,46 @@ def test_text_byte_ranges_lose_and_duplicate_nothing(data, unit, target):
 @given(data=text_files(json_lines=True), target=st.integers(1, 40))
 def test_jsonl_byte_ranges_lose_and_duplicate_nothing(data, target):
     assert_ranges_lose_nothing(data, "jsonl", target)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.one_of(text_files(json_lines=False), text_files(json_lines=True)),
+    unit=st.sampled_from(["line", "paragraph"]),
+    target=st.integers(1, 40),
+    block=st.integers(1, 9),
+)
+def test_runs_of_blank_lines_cut_by_small_reads_lose_nothing(data, unit, target, block):
+    """A run of blank lines is read as one; reads of a few bytes cut runs and lines anywhere."""
+    with mock.patch.object(read_formats, "BLOCK", block):
+        assert_ranges_lose_nothing(data, unit, target)
+
+
+def test_a_file_of_newlines_is_one_blank_line_per_read():
+    """Why a .gz of newlines reads at disk speed: no loop turn per empty line."""
+    stream = io.BufferedReader(io.BytesIO(b"\n" * (4 << 20) + b"x\n" + b" \r\n" * (1 << 20)))
+    lines = list(read_formats._lines(stream, 0, read_formats._Cursor(0), 100))
+    assert len(lines) < 16
+    assert [(line.offset, line.data) for line in lines if not line.blank] == [(4 << 20, b"x")]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(["", "\n", "\r\n", "\r\n\r\n", "\n\n\n"]),
+                            st.text(alphabet="ab\n\r", max_size=6)), max_size=8),
+    ending=st.sampled_from(["\n", "\r\n", "\r"]),
+    block=st.integers(1, 9),
+)
+def test_csv_blank_lines_between_rows_are_skipped_and_kept_inside_quoted_fields(rows, ending,
+                                                                                 block):
+    """Blank lines between rows are skipped a block at a time; inside a quoted field they
+    are the field's text. The rows are what the csv module reads from the whole text."""
+    text = "text" + ending + "".join(blank + '"' + value + '"' + ending for blank, value in rows)
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(read_formats, "BLOCK", block):
+        records = read_all(write(Path(tmp) / "blank.csv", text.encode()))
+    expected = [row[0] for row in csv.reader(io.StringIO(text, newline="")) if row][1:]
+    assert [(r.position, r.value) for r in records] == [
+        (i, {"text": value}) for i, value in enumerate(expected)]
 
 
 def test_paragraph_boundaries_behind_long_whitespace_runs():

@@ -70,8 +70,29 @@ class ShardSpec:
     end: int | None = None  # exclusive; None means to the end of the file
 
     @property
+    def source(self) -> str:
+        """The path as text every output can hold: a file name that is not UTF-8 (os.listdir
+        gives its bytes as surrogate escapes) shows those bytes as ``\\xNN``."""
+        return printable(self.path)
+
+    @property
     def shard_id(self) -> str:
-        return f"{self.input_index:03d}:{self.path}:{self.start:015d}"
+        return f"{self.input_index:03d}:{self.source}:{self.start:015d}"
+
+
+def printable(text: str) -> str:
+    """``text``, with what UTF-8 cannot encode written as backslash escapes so that JSON,
+    Parquet and hashes of it never raise: bytes a file name carries as surrogate escapes as
+    ``\\xNN``, a lone surrogate from a JSON escape as ``\\udNNN``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +176,8 @@ def raw_text(record: Record, cap: int = RAW_CAP_BYTES) -> str:
             text = json.dumps(record.value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(record.value)
-    if len(text.encode("utf-8", "replace")) <= cap:
+    text = printable(text)
+    data = text.encode("utf-8")
+    if len(data) <= cap:
         return text
-    return text.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore") + "...[truncated]"
+    return data[:cap].decode("utf-8", "ignore") + "...[truncated]"

@@ -73,6 +73,8 @@ def _reason(code: str, kind: str, meaning: str) -> str:
 MALFORMED_JSON = _reason("malformed_json", REJECTED, "a line or file that is not valid JSON")
 MALFORMED_CSV = _reason("malformed_csv", REJECTED, "a CSV row that does not parse")
 INVALID_UTF8 = _reason("invalid_utf8", REJECTED, "bytes that are not UTF-8")
+LONE_SURROGATE = _reason("lone_surrogate", REJECTED,
+                         "a JSON string escaping half a UTF-16 surrogate pair (`\\ud800`)")
 UNREADABLE_FILE = _reason("unreadable_file", REJECTED, "a file that cannot be opened or read")
 NOT_AN_OBJECT = _reason("not_an_object", REJECTED, "a JSON value that is not an object")
 RECORD_TOO_LARGE = _reason("record_too_large", REJECTED, "a record over `--max_record_mb`")

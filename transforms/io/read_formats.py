@@ -11,11 +11,13 @@ instead of ending quietly; the readers below report it as ``unreadable_file``.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -31,6 +33,7 @@ from transforms.core.records import (
 )
 from transforms.core.vocabulary import (
     INVALID_UTF8,
+    LONE_SURROGATE,
     MALFORMED_CSV,
     MALFORMED_JSON,
     NOT_AN_OBJECT,
@@ -54,6 +57,7 @@ DEFAULT_MAX_RECORD_BYTES = 16 * MiB
 _BOM = b"\xef\xbb\xbf"
 _LOOKBACK_BLOCK = 1 << 12  # bytes read per step when looking back for a line start
 _TRUNCATED = "...[truncated]"  # the marker records.raw_text uses
+_BLANK_RUN = re.compile(rb"[ \t\r\x0b\x0c\n]*\n")  # blank lines, as bytes.isspace() sees them
 
 
 # --------------------------------------------------------------------------- reading
@@ -117,7 +121,7 @@ def limit_option(limit: int) -> str:
 
 
 def _failed(shard: ShardSpec, position: int, reason: str, message: str, raw: str) -> Record:
-    return Record(shard.path, position, shard.input_index, error=Drop(reason, message), raw=raw)
+    return Record(shard.source, position, shard.input_index, error=Drop(reason, message), raw=raw)
 
 
 def _raw(data: bytes, truncated: bool = False) -> str:
@@ -127,7 +131,13 @@ def _raw(data: bytes, truncated: bool = False) -> str:
 
 
 def _raw_text(text: str) -> str:
-    return _raw(text.encode("utf-8", "surrogateescape"))
+    """Capped text of a bad record: bytes carried as surrogate escapes (CSV) come out replaced,
+    a lone surrogate from a JSON escape as that escape."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "backslashreplace")
+    return _raw(data)
 
 
 # ----------------------------------------------------------------- line-delimited input
@@ -160,6 +170,16 @@ def _lines(stream: BinaryIO, offset: int, cursor: _Cursor, limit: int) -> Iterat
                 start = cursor.position = len(_BOM)
         pos = 0
         while True:
+            if size == 0 and start != offset and (run := _BLANK_RUN.match(block, pos)):
+                # At a line start, a run of blank lines is one blank line: a file of newlines
+                # reads at the speed of the regex, not a loop turn per line. Not the first
+                # line: ``offset`` may be inside a line, whose rest is a line of its own.
+                yield _Line(start, b"", 0, True, False)
+                start += run.end() - pos
+                cursor.position = start
+                parts, blank = [], True
+                pos = run.end()
+                continue
             newline = block.find(b"\n", pos)
             piece = block[pos:] if newline < 0 else block[pos:newline]
             blank = blank and (not piece or piece.isspace())
@@ -251,8 +271,10 @@ def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple
                 yield _json_line(shard, line, limit), line.size + 1
 
 
-# RecursionError: JSON nested deeper than the parser's stack, a hostile record, not a crash.
-_JSON_ERRORS = (json.JSONDecodeError, RecursionError)
+# ValueError: besides JSONDecodeError, an integer of more than 4,300 digits (Python's limit on
+# int-string conversion). RecursionError: JSON nested deeper than the parser's stack. Both are
+# hostile records, not crashes.
+_JSON_ERRORS = (ValueError, RecursionError)
 
 
 # Deeper values parse but cannot be pickled between Beam stages; no real record nests this deep.
@@ -278,6 +300,31 @@ def _json_message(error: Exception) -> str:
     return "JSON nested too deeply to parse" if isinstance(error, RecursionError) else str(error)
 
 
+# JSON may escape half of a surrogate pair alone ("\ud800"): json.loads gives a str that no
+# UTF-8 output can hold, which would fail far downstream. Only text holding such an escape
+# (a backslash, u, then D8-DF) is scanned for one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_MESSAGE = ("JSON string escapes a lone surrogate (half of a UTF-16 pair, "
+                      "e.g. \\ud800), which is not Unicode text")
+
+
+def _holds_lone_surrogate(value: object) -> bool:
+    """Whether a string, an object key or a value nested in ``value`` holds a lone surrogate
+    (iteratively; the parser joins a valid escaped pair into one character)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii() and not _is_utf8(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     text = _text_value(shard, line, limit)
     if isinstance(text, Record):
@@ -295,7 +342,10 @@ def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     if not isinstance(value, dict):
         message = f"a JSON {type(value).__name__}, not an object"
         return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
-    return Record(shard.path, line.offset, shard.input_index, value=value)
+    if _SURROGATE_ESCAPE.search(text) and _holds_lone_surrogate(value):
+        return _failed(shard, line.offset, LONE_SURROGATE, _SURROGATE_MESSAGE,
+                       _raw_text(text.rstrip("\r")))
+    return Record(shard.source, line.offset, shard.input_index, value=value)
 
 
 def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
@@ -308,7 +358,8 @@ def _read_text_lines(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[
                 continue
             value = _text_value(shard, line, limit)
             if isinstance(value, str):
-                value = Record(shard.path, line.offset, shard.input_index, value=value.rstrip("\r"))
+                value = Record(shard.source, line.offset, shard.input_index,
+                               value=value.rstrip("\r"))
             yield value, line.size + 1
 
 
@@ -338,7 +389,7 @@ class _Paragraph:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
             return _failed(shard, self.offset, INVALID_UTF8, str(error), _raw(data))
-        return Record(shard.path, self.offset, shard.input_index, value=text)
+        return Record(shard.source, self.offset, shard.input_index, value=text)
 
 
 def _read_paragraphs(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
@@ -382,7 +433,7 @@ def _read_text_file(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[t
         yield _failed(shard, 0, INVALID_UTF8, str(error), _raw(data)), len(data)
         return
     if text:
-        yield Record(shard.path, 0, shard.input_index, value=text), len(data)
+        yield Record(shard.source, 0, shard.input_index, value=text), len(data)
 
 
 _TEXT_READERS: dict[str, _Reader] = {
@@ -402,12 +453,19 @@ def _read_text(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
 def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
     """A top-level array (one record per element) or a single object, parsed whole.
 
-    The whole file is in memory while it is parsed: JSON arrays cannot be split safely. A file
-    that does not parse is one ``malformed_json`` record: a partial prefix would be misleading.
-    An empty or all-whitespace file holds no records.
+    The whole file is in memory while it is parsed: JSON arrays cannot be split safely. So the
+    document is one record for ``--max_record_mb``: a larger one (say a small ``.gz`` that
+    inflates to gigabytes) is refused after reading ``limit`` bytes, never held. A file that
+    does not parse is one ``malformed_json`` record: a partial prefix would be misleading. An
+    empty or all-whitespace file holds no records.
     """
     with open_input(shard.path) as stream:
-        data = stream.read()
+        data = stream.read(limit + 1)
+    if len(data) > limit:
+        message = (f"JSON document exceeds {limit_option(limit)}; a .json file is parsed whole: "
+                   "write it as JSON Lines (.jsonl) or raise the limit")
+        yield _failed(shard, 0, RECORD_TOO_LARGE, message, _raw(data, True)), len(data)
+        return
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -422,17 +480,21 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
         return
     items = value if isinstance(value, list) else [value]
     share = max(1, len(data) // max(1, len(items)))  # chunk_bytes needs a size per record
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None
     del data, text
     for index, item in enumerate(items):
         cursor.position = index
         if _too_deep(item):
             yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
-        elif isinstance(item, dict):
-            yield Record(shard.path, index, shard.input_index, value=item), share
-        else:
+        elif not isinstance(item, dict):
             raw = _raw_text(json.dumps(item, ensure_ascii=False))
             message = f"a JSON {type(item).__name__}, not an object"
             yield _failed(shard, index, NOT_AN_OBJECT, message, raw), share
+        elif surrogates and _holds_lone_surrogate(item):
+            raw = _raw_text(json.dumps(item, ensure_ascii=False))
+            yield _failed(shard, index, LONE_SURROGATE, _SURROGATE_MESSAGE, raw), share
+        else:
+            yield Record(shard.source, index, shard.input_index, value=item), share
 
 
 class _CsvLines:
@@ -440,6 +502,8 @@ class _CsvLines:
 
     Refuses (with ``_RowTooLarge``) a row longer than the limit, skipping the rest of its line
     in bounded pieces; ``csv.reader`` resets its state on the next call, so reading goes on.
+    Blank lines between rows are no rows: a run of them is skipped a block at a time, so a
+    file of newlines reads at disk speed rather than a row at a time.
     """
 
     def __init__(self, text: io.TextIOBase, limit: int) -> None:
@@ -447,30 +511,58 @@ class _CsvLines:
         self._limit = limit
         self._row: list[str] = []
         self._size = 0
+        self._pending: io.StringIO | None = None  # text read ahead past blank lines
 
     def __iter__(self) -> _CsvLines:
         return self
 
     def __next__(self) -> str:
-        line = self._text.readline(self._limit + 1 - self._size)
+        line = self._readline(self._limit + 1 - self._size)
+        if not self._row and line in _BLANK_LINES:  # between rows
+            self._skip_blank_lines()
+            line = self._readline(self._limit + 1)
         if not line:
             raise StopIteration
         self._size += len(line)
         if self._size > self._limit:
             self._row = [("".join(self._row) + line)[:RAW_CAP_BYTES]]
             while line and not line.endswith(("\n", "\r")):
-                line = self._text.readline(BLOCK)
+                line = self._readline(BLOCK)
                 self._size += len(line)
             raise _RowTooLarge(f"row of {self._size}+ characters exceeds "
                                f"{limit_option(self._limit)}")
         self._row.append(line)
         return line
 
+    def _readline(self, size: int) -> str:
+        if self._pending is None:
+            return self._text.readline(size)
+        line = self._pending.readline(size)
+        if len(line) == size or line.endswith(("\n", "\r")):
+            return line
+        self._pending = None  # read out: the line goes on in the stream
+        return line + self._text.readline(size - len(line))
+
+    def _skip_blank_lines(self) -> None:
+        """Reads past line ends up to the next other character, keeping the text from there."""
+        rest = ""
+        while not rest:
+            block = self._pending.read() if self._pending is not None else ""
+            self._pending = None
+            block = block or self._text.read(BLOCK)
+            if not block:
+                break
+            rest = block.lstrip("\r\n")
+        self._pending = io.StringIO(rest, newline="") if rest else None
+
     def take(self) -> tuple[str, int]:
         """The text of the row just read and its full size; starts the next row."""
         row, size = "".join(self._row), self._size
         self._row, self._size = [], 0
         return row, size
+
+
+_BLANK_LINES = ("\n", "\r\n", "\r")
 
 
 class _RowTooLarge(Exception):
@@ -491,6 +583,7 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
         lines = _CsvLines(text, limit)
         reader = csv.reader(lines, csv.excel_tab if tsv else csv.excel)
         header: list[str] | None = None
+        header_error: Drop | None = None  # a fault of the header, which rejects every row
         index = 0
         while True:
             cursor.position = index
@@ -516,13 +609,15 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                     yield _failed(shard, 0, error.reason, message, _raw_text(raw)), size
                     return
                 header = row
+                header_error = _header_error(header)
                 continue
+            error = error or header_error
             if error is None and len(row) != len(header):
                 error = Drop(MALFORMED_CSV, f"row has {len(row)} fields, header has {len(header)}")
             if error is None:
                 yield (
                     Record(
-                        shard.path, index, shard.input_index, dict(zip(header, row, strict=True))
+                        shard.source, index, shard.input_index, dict(zip(header, row, strict=True))
                     ),
                     size,
                 )
@@ -531,6 +626,17 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
                 raw = _raw(data, truncated=error.reason == RECORD_TOO_LARGE)
                 yield _failed(shard, index, error.reason, error.message, raw), size
             index += 1
+
+
+def _header_error(header: list[str]) -> Drop | None:
+    """A header that names a column twice: a row as a dict would keep only the last value, so
+    every row of the file is refused rather than read wrong."""
+    repeated = sorted(name for name, count in collections.Counter(header).items() if count > 1)
+    if not repeated:
+        return None
+    names = ", ".join(repr(name) for name in repeated)
+    return Drop(MALFORMED_CSV, f"the header names column {names} more than once; "
+                               "rename the copies so that each column has its own name")
 
 
 def _is_utf8(text: str) -> bool:
@@ -542,20 +648,31 @@ def _is_utf8(text: str) -> bool:
 
 
 def _read_parquet(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
-    """Rows of the planned row groups; positions count rows from the start of the file."""
+    """Rows of the planned row groups; positions count rows from the start of the file.
+
+    Row groups are read one at a time: one that cannot be read (a corrupt page) costs only its
+    own rows, each one ``unreadable_file`` record (the footer says how many), and reading goes
+    on with the next. A footer that cannot be read is one record for the whole file.
+    """
     with FileSystems.open(shard.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         parquet = pq.ParquetFile(f)
         meta = parquet.metadata
         end = meta.num_row_groups if shard.end is None else shard.end
-        cursor.position = sum(meta.row_group(i).num_rows for i in range(shard.start))
-        groups = list(range(shard.start, end))
-        if not groups:
-            return
-        for batch in parquet.iter_batches(row_groups=groups, use_threads=False):
-            share = max(1, batch.nbytes // max(1, batch.num_rows))
-            for row in batch.to_pylist():
-                yield Record(shard.path, cursor.position, shard.input_index, value=row), share
-                cursor.position += 1
+        first = sum(meta.row_group(i).num_rows for i in range(shard.start))
+        for group in range(shard.start, end):
+            cursor.position = first
+            first += meta.row_group(group).num_rows  # now the first row of the next group
+            try:
+                for batch in parquet.iter_batches(row_groups=[group], use_threads=False):
+                    share = max(1, batch.nbytes // max(1, batch.num_rows))
+                    for row in batch.to_pylist():
+                        yield Record(shard.source, cursor.position, shard.input_index,
+                                     value=row), share
+                        cursor.position += 1
+            except READ_ERRORS as error:
+                message = f"row group {group} cannot be read: {type(error).__name__}: {error}"
+                for position in range(cursor.position, first):
+                    yield _failed(shard, position, UNREADABLE_FILE, message, ""), 1
 
 
 _READERS: dict[str, _Reader] = {

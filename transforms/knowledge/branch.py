@@ -248,7 +248,7 @@ class KnowledgeBranch(beam.PTransform):
                        read.shards, read.specs, read.chunk_records, read.max_record_bytes,
                        self.config, self.tokenizer, read.decisions, self.token_cache)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
-        files = file_numbering(shard.path for shard in dedup_shards(read.shards, read.specs))
+        files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions), written
 
     def expand(self, chunks: beam.PCollection) -> BranchOutput:

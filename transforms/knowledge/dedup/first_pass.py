@@ -148,7 +148,7 @@ class FindDuplicateDocuments(beam.PTransform):
         self.token_cache = token_cache
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        files = file_numbering(shard.path for shard in self.shards)
+        files = file_numbering(shard.source for shard in self.shards)
         return (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
