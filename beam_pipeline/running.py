@@ -14,7 +14,7 @@ from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.options.pipeline_options import DirectOptions, TestOptions
 from apache_beam.runners.runner import PipelineRunner
 
 from beam_pipeline import beam_internals, progress
@@ -41,9 +41,13 @@ def run(argv: Sequence[str]) -> PrepConfig:
     return execute(plan, take_output(plan))
 
 
-def take_output(plan: Plan) -> OutputLock:
+def take_output(plan: Plan) -> OutputLock | None:
     """Takes the output folder's lock before any work (a run that cannot is refused with a
-    ValueError naming the holder), then deletes a failed run's staging folders."""
+    ValueError naming the holder), then deletes a failed run's staging folders. A Dataflow
+    dry run (--dry_run: everything but the submission) touches nothing and takes no lock,
+    as no job would release it."""
+    if _dry_run(plan):
+        return None
     holder = Holder.this_run(plan.run_id, launch_command(plan.argv))
     try:
         lock = acquire(plan.config.output, holder)
@@ -57,6 +61,11 @@ def take_output(plan: Plan) -> OutputLock:
         lock.release()
         raise
     return lock
+
+
+def _dry_run(plan: Plan) -> bool:
+    # Beam reads the flag as truthy text, so do the same.
+    return plan.runner not in LOCAL_RUNNERS and bool(plan.options.view_as(TestOptions).dry_run)
 
 
 def local_runner(plan: Plan) -> PipelineRunner | None:
@@ -88,18 +97,24 @@ def build_pipeline(plan: Plan) -> beam.Pipeline:
     return pipeline
 
 
-def execute(plan: Plan, lock: OutputLock) -> PrepConfig:
-    """Builds and runs the graph holding the output folder's ``lock``; on a local runner shows
-    progress, waits, prints the summary and releases the lock. A remote job releases it as its
-    last step, so the launcher keeps it only if the submission fails."""
+def execute(plan: Plan, lock: OutputLock | None) -> PrepConfig:
+    """Builds and runs the graph holding the output folder's ``lock`` (None for a dry run); on
+    a local runner shows progress, waits, prints the summary and releases the lock. A remote
+    job releases it as its last step, so the launcher releases it only if the submission
+    fails."""
     try:
         cfg = _execute(plan)
     except BaseException:
-        lock.release()
+        _release(lock)
         raise
     if plan.runner in LOCAL_RUNNERS:
-        lock.release()
+        _release(lock)
     return cfg
+
+
+def _release(lock: OutputLock | None) -> None:
+    if lock is not None:
+        lock.release()
 
 
 def _execute(plan: Plan) -> PrepConfig:

@@ -122,7 +122,7 @@ def test_a_stopped_run_says_so_once_with_the_rerun_command(stopped_then_rerun):
         "the records.\n"
         "the directory holds this run's partial outputs; once the inputs or the option are "
         "changed, run again with --overwrite=true: "
-        f"{shlex.join(['python', '-m', 'beam_pipeline', *argv, '--overwrite=true'])}\n")
+        f"{shlex.join([sys.executable, '-m', 'beam_pipeline', *argv, '--overwrite=true'])}\n")
     assert beam_logs == []  # Beam's ERROR line with its traceback is not shown
 
 

@@ -70,7 +70,7 @@ def test_a_path_that_exists_is_read_before_a_glob_of_the_same_text(tmp_path):
 
 
 def hostile_folder(root: Path) -> dict[str, list[str]]:
-    """A folder holding two data files and one of each thing a directory input must skip;
+    """A folder holding three data files and one of each thing a directory input must skip;
     returns the paths planning must skip, by reason, as the test expects them."""
     root.mkdir()
     (root / "sub").mkdir()
@@ -99,16 +99,18 @@ def hostile_folder(root: Path) -> dict[str, list[str]]:
                                f"{root}/socket.jsonl"],
         "broken_link": [f"{root}/dangling.jsonl"],
         "same_file": [f"{root}/sub/again.jsonl", f"{root}/sub/loop/"],
-        "name_not_utf8": [f"{root}/caf\\xe9.jsonl"],
     }
 
 
 def test_a_directory_reads_its_data_files_once_and_counts_what_it_skips(tmp_path):
     expected = hostile_folder(tmp_path / "in")
     plan = plan_inputs([InputSpec(0, str(tmp_path / "in"))])
-    assert paths(plan) == [str(tmp_path / "in" / "a.jsonl"), str(tmp_path / "in/sub/b.txt")]
+    # A name that is not UTF-8 is data too: outputs name it with the odd byte escaped.
+    assert paths(plan) == [str(tmp_path / "in" / "a.jsonl"),
+                           str(tmp_path / "in" / os.fsdecode(b"caf\xe9.jsonl")),
+                           str(tmp_path / "in/sub/b.txt")]
     facts = plan.input_facts()[0]
-    assert facts["file_count"] == 2
+    assert facts["file_count"] == 3
     assert facts["skipped"] == {reason: len(found) for reason, found in expected.items()}
     assert {reason: sorted(found) for reason, found in facts["skipped_examples"].items()} \
         == expected
@@ -191,30 +193,31 @@ def test_the_manifest_counts_every_file_and_every_skip(folder_runs):
     manifest, data = folder_runs["manifest"], folder_runs["data"]
     assert manifest["records"]["balanced"]
     (entry,) = manifest["inputs"]
-    assert entry["file_count"] == 4
+    assert entry["file_count"] == 5
     assert entry["skipped"] == {reason: len(found)
                                 for reason, found in folder_runs["skipped"].items()}
     rejected = {"unclassifiable": BAD_FILE_RECORDS + MIXED[1] + TINY_BAD}
-    assert entry["read"] == GOOD_RECORDS + BAD_FILE_RECORDS + sum(MIXED) + TINY_BAD
+    assert entry["read"] == GOOD_RECORDS + BAD_FILE_RECORDS + sum(MIXED) + TINY_BAD + 1
     assert entry["rejected"] == rejected
     expected = [  # most rejected first
         (f"{data}/wrong.jsonl", BAD_FILE_RECORDS, 0, BAD_FILE_RECORDS),
         (f"{data}/sub/mixed.jsonl", sum(MIXED), MIXED[0], MIXED[1]),
         (f"{data}/tiny.jsonl", TINY_BAD, 0, TINY_BAD),
         (f"{data}/a.jsonl", GOOD_RECORDS, GOOD_RECORDS, 0),
+        (f"{data}/caf\\xe9.jsonl", 1, 1, 0),  # a name that is not UTF-8, shown escaped
     ]
     assert [(f["path"], f["read"], f["kept"], sum(f["rejected"].values()))
             for f in entry["files"]] == expected
     assert sum(f["read"] for f in entry["files"]) == entry["read"]
     assert all(not f["filtered"] for f in entry["files"])
-    assert manifest["instruction"]["examples"] == GOOD_RECORDS + MIXED[0]
+    assert manifest["instruction"]["examples"] == GOOD_RECORDS + MIXED[0] + 1
 
 
 def test_the_report_shows_the_skipped_files_and_the_rejected_files(folder_runs):
     page = (folder_runs["output"] / "report.html").read_text()
     skipped = ", ".join(f"{reason} {len(found)}"
                         for reason, found in sorted(folder_runs["skipped"].items()))
-    assert f"<td>4</td><td>{skipped}</td></tr>" in page
+    assert f"<td>5</td><td>{skipped}</td></tr>" in page
     assert (f"<td>{folder_runs['data']}/wrong.jsonl</td><td>{BAD_FILE_RECORDS}</td><td>0</td>"
             f"<td>0</td><td>{BAD_FILE_RECORDS}</td><td>unclassifiable {BAD_FILE_RECORDS}</td>"
             ) in page

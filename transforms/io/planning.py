@@ -49,7 +49,6 @@ GLOB_CHARACTERS = re.compile(r"[*?\[]")
 HIDDEN = "hidden"  # a name starting with '.', or under such a folder (which counts once)
 README_OR_LICENSE = "readme_or_license"  # README*, LICENSE*, LICENCE*: about the data, not data
 UNKNOWN_EXTENSION = "unknown_extension"  # the extension names no format, and none is declared
-NAME_NOT_UTF8 = "name_not_utf8"  # the provenance of its records could not be written down
 NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO (reading it waits forever), socket, device
 BROKEN_LINK = "broken_link"  # a symbolic link to nothing (or to itself)
 UNREADABLE = "unreadable"  # a folder that cannot be listed or a file that cannot be looked at
@@ -223,10 +222,6 @@ def _walk(directory: str, skipped: Skipped) -> list[tuple[str, int]]:
 def _name_reason(spec: InputSpec | None, relative: str, folder: bool = False) -> str | None:
     """Why a path found in a directory input is not data, from its name alone (``relative``
     to the directory); None when it is read."""
-    try:
-        relative.encode("utf-8")
-    except UnicodeEncodeError:
-        return NAME_NOT_UTF8
     parts = relative.split("/")
     if any(part.startswith(".") for part in parts):
         return HIDDEN
