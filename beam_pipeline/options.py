@@ -85,7 +85,8 @@ class PrepOptions(PipelineOptions):
             "documents are concatenated and examples packed (default 4096).")
         group.add_argument(
             "--max_record_mb", type=positive_int, default=16,
-            help="Records larger than this are rejected as record_too_large (default 16).")
+            help="Records larger than this are rejected as record_too_large; it also bounds a "
+            "whole .json document, which is parsed at once (default 16).")
         group.add_argument(
             "--max_reject_fraction", type=fraction, default=0.5,
             help="Fail the run (no manifest.json) when more than this fraction of one input's "
