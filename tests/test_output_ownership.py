@@ -118,3 +118,17 @@ def test_a_run_refuses_its_own_output_as_tokenizer_or_input(tmp_path: Path) -> N
          "--quiet"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert process.returncode == 2 and "inside --input" in process.stderr, process.stderr
     assert os.listdir(data) == ["a.jsonl"]
+
+
+@pytest.mark.parametrize(("place", "message"), [
+    ("a-file", "is a file; a run writes a folder there"),
+    ("a-file/out", "cannot be written: Not a directory"),  # root ignores a read-only mode
+])
+def test_an_output_that_cannot_hold_a_run_fails_before_any_work(
+        tmp_path: Path, place: str, message: str) -> None:
+    (tmp_path / "a-file").write_text("a user's file\n")
+    code, stderr = finish(start(tmp_path / place))
+    assert code == 2 and f"--output {tmp_path / place} {message}" in stderr, stderr
+    assert stderr.count("\n") == 1  # one line, no traceback
+    assert (tmp_path / "a-file").read_text() == "a user's file\n"
+    assert os.listdir(tmp_path) == ["a-file"]  # refused before anything was written
