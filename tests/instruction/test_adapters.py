@@ -390,9 +390,23 @@ def test_record_level_reasoning_for_single_reply_formats():
         assert reply(to_conversation(record))["reasoning_content"] == "six times seven"
 
 
+@pytest.mark.parametrize("field", ["thinking", "reasoning", "reasoning_content"])
+def test_a_turns_reasoning_under_any_of_its_usual_names(field):
+    """harmony exports (GPT-OSS) call it ``thinking``; the same text twice is one reasoning."""
+    for turns in ({"messages": [{"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "42", field: "six sevens"}]},
+                  {"conversations": [{"from": "human", "value": "q"},
+                                     {"from": "gpt", "value": "42", field: "six sevens",
+                                      "reasoning_content": "six sevens"}]}):
+        assert reply(to_conversation(turns))["reasoning_content"] == "six sevens"
+
+
 @pytest.mark.parametrize("record, reason", [
     ({"prompt": "q", "response": "<think>a</think>42", "reasoning": "b"},
      DUPLICATE_REASONING),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": "42", "thinking": "a",
+                    "reasoning_content": "b"}]}, DUPLICATE_REASONING),
     ({"prompt": "q", "response": "42", "reasoning": 7}, WRONG_TYPE),
 ])
 def test_bad_reasoning_is_rejected(record, reason):

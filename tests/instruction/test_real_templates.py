@@ -24,11 +24,13 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import datetime
 import functools
 import importlib.util
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +50,14 @@ from tests.support.marked_templates import (
     patch,
 )
 from tests.support.shared_chats import adapted, gsm8k_rows, sweep_conversations
+from transforms.core.tokenizer import builtin_template
 from transforms.core.vocabulary import (
     FULL_RENDER,
     GENERATION_MARKERS,
     IGNORE_INDEX,
     NO_TRAINED_TOKENS,
     PREFIX,
+    SENTINELS,
     TEMPLATE_ERROR,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
@@ -61,6 +65,7 @@ from transforms.core.vocabulary import (
 )
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import encode_conversations
+from transforms.instruction.rendering.sandbox import TEMPLATE_DATE
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 require_shared_data()
@@ -74,6 +79,7 @@ DEFAULT = MaskOptions()
 # tools_not_rendered there (Gemma 3's raises on the tool turns of most of them first), two of
 # them although a reply mentions a tool's name (definitions must be outside the replies).
 NO_TOOL_SUPPORT = frozenset({"llama3_1", "gemma3", "deepseek_v3"})
+REASONING_FIELD = {"gptoss": "thinking"}  # where not reasoning_content
 # What every shared conversation (12,191 of them) becomes, per family: its mask method, or the
 # reason it was rejected. Qwen3's full_render: the conversations with a reply that is not the
 # last message (the template drops its think block later on). Gemma 3's template_error: tool
@@ -84,6 +90,10 @@ EXPECTED_OUTCOMES = {
     "gemma3": {PREFIX: 11800, TEMPLATE_ERROR: 312, TOOLS_NOT_RENDERED: 79},
     "deepseek_v3": {PREFIX: 11800, TOOLS_NOT_RENDERED: 391},
     DEFAULT_FAMILY: {PREFIX: 12191},
+    # GPT-OSS: every conversation with an earlier reply or a tool call is placed by sentinels
+    # (an earlier reply ends with <|end|>, not <|return|>; a call's preamble goes once a final
+    # answer follows). Two raise in the stock template: a tool result with no call before it.
+    "gptoss": {PREFIX: 11335, SENTINELS: 854, TEMPLATE_ERROR: 2},
 }
 
 
@@ -140,8 +150,17 @@ class Reference:
     block_texts: list[str]  # the text of every generation block (where mask is None)
 
 
-def reference(tok, template: str, conversation: Conversation, added: re.Pattern
-              ) -> Reference | None:
+def _with_reasoning_as(message: dict, field: str) -> dict:
+    """A message with its reasoning under the name the family's template reads."""
+    if "reasoning_content" not in message or field == "reasoning_content":
+        return message
+    message = dict(message)
+    message[field] = message.pop("reasoning_content")
+    return message
+
+
+def reference(tok, template: str, conversation: Conversation, added: re.Pattern,
+              reasoning_field: str = "reasoning_content") -> Reference | None:
     """transformers' ids and assistant mask from ``template``; None where it raises.
 
     Its mask comes with ids in which control-token text in content becomes control tokens,
@@ -152,7 +171,7 @@ def reference(tok, template: str, conversation: Conversation, added: re.Pattern
     tokenizer. No shared conversation holds a control token's text; nine hold the text of
     another Gemma 3 added token, and only they make the second call.)
     """
-    messages = list(conversation.messages)
+    messages = [_with_reasoning_as(m, reasoning_field) for m in conversation.messages]
     tools = list(conversation.tools) if conversation.tools else None
     call = functools.partial(tok.apply_chat_template, messages, tools=tools,
                              chat_template=template, tokenize=True, return_dict=True)
@@ -231,11 +250,11 @@ def spread(items: tuple, cap: int | None) -> list:
     return [items[k * n // cap] for k in range(cap)]
 
 
-def swept(cap: int | None) -> list[tuple[str, list[int]]]:
+def swept(cap: int | None, cap_chats: bool = False) -> list[tuple[str, list[int]]]:
     """Each adaptable shared file and the indices of its conversations that are swept: all of
-    a chat file's, ``cap`` of another's."""
+    a chat file's (``cap`` of them too with ``cap_chats``), ``cap`` of another's."""
     return [(relative, spread(tuple(range(len(conversations))),
-                              None if relative.startswith("chat/") else cap))
+                              None if relative.startswith("chat/") and not cap_chats else cap))
             for relative, conversations in sweep_conversations()]
 
 
@@ -279,14 +298,15 @@ class Family:
                 for relative, conversations in sweep_conversations()}
 
     @functools.cache  # noqa: B019 (one Family per family, alive for the module)
-    def sweep(self, cap: int | None) -> Sweep:
+    def sweep(self, cap: int | None, options: MaskOptions = DEFAULT, cap_chats: bool = False
+              ) -> Sweep:
         """Our encoding of the swept conversations, each checked against the marked copy."""
         files = dict(sweep_conversations())
         outcomes: collections.Counter = collections.Counter()
         problems, rows = [], []
-        for relative, indices in swept(cap):
+        for relative, indices in swept(cap, cap_chats):
             conversations = [files[relative][k] for k in indices]
-            results = encode_conversations(self.tok, conversations, DEFAULT)
+            results = encode_conversations(self.tok, conversations, options)
             stocks = [self.stock_renders[relative][k] for k in indices]
             for k, conversation, ours, stock in zip(indices, conversations, results, stocks,
                                                     strict=True):
@@ -310,16 +330,28 @@ class Family:
                 return f"tools_not_rendered: {ours.message:.200}"
             return None
         return compare(self.tok, ours, reference(self.tok, self.marked, row.conversation,
-                                                 self.added))
+                                                 self.added, REASONING_FIELD.get(self.name,
+                                                                                 "reasoning_content")))
+
+
+class _TemplateDay(datetime.datetime):
+    """transformers' ``strftime_now`` reads ``datetime.now()``: the day ours renders with."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return TEMPLATE_DATE
 
 
 @pytest.fixture(scope="module")
-def families(qwen_tokenizer) -> dict[str, Family]:
+def families(qwen_tokenizer) -> Iterator[dict[str, Family]]:
     from transformers import AutoTokenizer
+    from transformers.utils import chat_template_utils
 
     toks = {name: AutoTokenizer.from_pretrained(TOKENIZERS / name) for name in REAL_FAMILIES}
     toks[DEFAULT_FAMILY] = qwen_tokenizer
-    return {name: Family(name, tok) for name, tok in toks.items()}
+    with pytest.MonkeyPatch.context() as patched:  # harmony's system message prints the date
+        patched.setattr(chat_template_utils, "datetime", _TemplateDay)
+        yield {name: Family(name, tok) for name, tok in toks.items()}
 
 
 # --- 1. the marked copies render the stock text ---------------------------------------------
@@ -361,6 +393,23 @@ def test_mask_equals_the_marked_copy(families, family):
     sweep = families[family].sweep(SAMPLE_PER_FILE)
     assert len(sweep.rows) == 1400 + 4 * SAMPLE_PER_FILE
     check_sweep(sweep, family)
+
+
+SENTINEL_SAMPLE = 40  # conversations of each file, chat files too
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_sentinel_method_alone_equals_the_marked_copy(families, family):
+    """The general method finds every family's masks by itself, prefix-stable or not: the same
+    masks as the marked copy, and the same rejections as the other methods."""
+    f = families[family]
+    sweep = f.sweep(SENTINEL_SAMPLE, MaskOptions(sentinels_only=True), cap_chats=True)
+    assert not sweep.problems, "\n".join(sweep.problems[:20])
+    assert sweep.outcomes[SENTINELS] > 0.8 * len(sweep.rows)
+    assert set(sweep.outcomes) <= {SENTINELS, TEMPLATE_ERROR, TOOLS_NOT_RENDERED}
+    others = f.sweep(SENTINEL_SAMPLE, DEFAULT, cap_chats=True)
+    assert [row.ours.reason for row in sweep.rows if isinstance(row.ours, Drop)] == \
+        [row.ours.reason for row in others.rows if isinstance(row.ours, Drop)]
 
 
 @pytest.mark.slow
@@ -512,6 +561,54 @@ def test_qwen3_reasoning_left_out_under_train_reasoning_false(families):
     # A reasoning that ends with ".", "%" or "$" ends in one token with the "\n" (".\n"): so
     # do 1,138 of the 1,978 last replies here, whose closing segment then starts with it.
     assert 0 < straddles < len(conversations)
+
+
+HARMONY_FINAL = "<|channel|>final<|message|>"
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
+
+
+@pytest.mark.parametrize("train_reasoning", [True, False])
+def test_harmony_reasoning_goes_to_the_analysis_channel(families, train_reasoning):
+    """GPT-OSS reads reasoning as ``thinking`` and writes the last reply's to its analysis
+    channel (an earlier reply's is not rendered); the mask equals the marked copy's, and
+    without --train_reasoning only the reasoning text leaves the loss."""
+    f = families["gptoss"]
+    conversations = reasoning_conversations()
+    results = encode_conversations(f.tok, list(conversations),
+                                   MaskOptions(train_reasoning=train_reasoning))
+    problems = []
+    for n, (conversation, ours) in enumerate(zip(conversations, results, strict=True)):
+        if train_reasoning:
+            problem = compare(f.tok, ours, reference(f.tok, f.marked, conversation, f.added,
+                                                     "thinking"))
+            if problem:
+                problems.append(f"#{n}: {problem}")
+                continue
+        *before, last = replies(conversation)
+        text = decode(f.tok, ours.input_ids)
+        assert "<think>" not in text
+        assert all(nfc(r["reasoning_content"]) not in text for r in before), n
+        earlier = [f"{HARMONY_FINAL}{nfc(r['content'])}<|end|>" for r in before]
+        thought, answer = nfc(last["reasoning_content"]), nfc(last["content"])
+        reply = f"<|end|><|start|>assistant{HARMONY_FINAL}{answer}<|return|>"
+        expected = ([f"{HARMONY_ANALYSIS}{thought}{reply}"] if train_reasoning
+                    else [HARMONY_ANALYSIS, reply])
+        assert trained_texts(f.tok, ours) == [*earlier, *expected], n
+        assert ours.mask_method == (SENTINELS if before else PREFIX), n
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_a_rejection_names_the_option_that_avoids_it(families):
+    """Llama 3.1's stock template drops tool calls: the message names the built-in template of
+    its family that renders them, and that template trains the calls."""
+    f = families["llama3_1"]
+    conversation = next(row.conversation for row in f.sweep(SAMPLE_PER_FILE).rows
+                        if isinstance(row.ours, Drop) and row.ours.reason == TOOLS_NOT_RENDERED)
+    (drop,) = encode_conversations(f.tok, [conversation], DEFAULT)
+    assert "pass --chat_template llama3," in drop.message
+    llama3 = with_template(f.tok, builtin_template("llama3"))
+    (example,) = encode_conversations(llama3, [conversation], DEFAULT)
+    assert isinstance(example, EncodedExample)
 
 
 @pytest.mark.parametrize("train_reasoning", [True, False])

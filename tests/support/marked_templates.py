@@ -25,7 +25,7 @@ require_shared_data()
 
 GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
 TOKENIZERS = SHARED_DATA.parent / "tokenizers"
-REAL_FAMILIES = ("qwen3", "llama3_1", "gemma3", "deepseek_v3")
+REAL_FAMILIES = ("qwen3", "llama3_1", "gemma3", "deepseek_v3", "gptoss")
 DEFAULT_FAMILY = "chatml"  # the project's default tokenizer and its CHATML_TEMPLATE
 FAMILIES = (*REAL_FAMILIES, DEFAULT_FAMILY)
 
@@ -42,7 +42,9 @@ END_OF_TURN = {
     "llama3_1": "<|eot_id|>",
     "gemma3": "<end_of_turn>",
     "deepseek_v3": DS_EOS,
+    "gptoss": "<|return|>",  # the last reply's; an earlier one ends with <|end|>, a call <|call|>
 }
+HARMONY_HEADER = "<|start|>assistant"  # the generation prompt: the model writes what follows
 
 # (what the stock template holds, what the marked copy holds instead, why). In the Python
 # strings below "\n" is a newline of the template's source and "\\n" the two characters of a
@@ -147,6 +149,23 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
         ),
         # The branch for ``content is none`` (tool calls) is left unmarked: canonical messages
         # always have string content, so it is never taken (the tests assert it).
+    ],
+    "gptoss": [
+        (
+            "{%- if \"tool_calls\" in message %}\n            {#- We need",
+            "{%- set body %}\n        {%- if \"tool_calls\" in message %}\n            {#- We need",
+            "an assistant message's whole text is captured: a tool call's kept preamble, or the "
+            "last reply's analysis message, is a message of its own before it",
+        ),
+        (
+            "{%- endif %}\n    {%- elif message.role == 'tool' -%}",
+            "{%- endif %}\n        {%- endset %}\n"
+            f"        {{{{- body[:{len(HARMONY_HEADER)}] }}}}"
+            f"{{%- generation %}}{{{{- body[{len(HARMONY_HEADER)}:] }}}}{{%- endgeneration %}}\n"
+            "    {%- elif message.role == 'tool' -%}",
+            "its first <|start|>assistant (the generation prompt) is written before the block, "
+            "all the rest inside: the model writes the later headers, channels and end tokens",
+        ),
     ],
 }
 

@@ -11,6 +11,9 @@ from typing import Any
 
 REASONING_CONTENT = "reasoning_content"  # a turn's reasoning, as chat templates read it
 REASONING = "reasoning"  # a record's reasoning, for the single-reply formats
+THINKING = "thinking"  # a turn's reasoning, as OpenAI's harmony template (GPT-OSS) reads it
+# The names under which a turn's reasoning arrives, and under which templates read it.
+TURN_REASONING_FIELDS = (REASONING_CONTENT, THINKING, REASONING)
 
 
 def apply_field_map(value: dict, field_map: dict[str, str]) -> dict:

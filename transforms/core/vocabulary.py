@@ -26,7 +26,8 @@ INSTRUCTION_FORMATS = ("messages", "sharegpt", "prompt_response", "alpaca", "tra
 
 # How the instruction branch found a conversation's trained spans (docs/masking.md).
 PREFIX, FULL_RENDER, GENERATION_MARKERS = "prefix", "full_render", "generation_markers"
-MASK_METHODS = (PREFIX, FULL_RENDER, GENERATION_MARKERS)
+SENTINELS = "sentinels"
+MASK_METHODS = (PREFIX, FULL_RENDER, SENTINELS, GENERATION_MARKERS)
 
 IGNORE_INDEX = -100  # a label that carries no loss (the Hugging Face convention)
 

@@ -40,7 +40,7 @@ import json
 import re
 from typing import Any
 
-from transforms.core.fields import REASONING, REASONING_CONTENT
+from transforms.core.fields import REASONING, REASONING_CONTENT, TURN_REASONING_FIELDS
 from transforms.core.vocabulary import (
     BAD_TOOL_CALL,
     BAD_TOOLS,
@@ -146,7 +146,7 @@ def _from_messages(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
                 f"messages[{i}].content must be a string",
             )
         message: dict[str, Any] = {"role": role, "content": content}
-        _add_reasoning(message, turn.get(REASONING_CONTENT), f"messages[{i}]")
+        _add_reasoning(message, _turn_reasoning(turn, f"messages[{i}]"), f"messages[{i}]")
         if calls:
             if role != "assistant":
                 raise Drop(BAD_TOOL_CALL, f"messages[{i}] has tool_calls but is {role!r}")
@@ -175,7 +175,8 @@ def _from_sharegpt(value: dict) -> tuple[list[dict], tuple[dict, ...] | None]:
             )
         elif isinstance(speaker, str) and speaker in SHAREGPT_ROLES:
             message = {"role": SHAREGPT_ROLES[speaker], "content": text}
-            _add_reasoning(message, turn.get(REASONING_CONTENT), f"conversations[{i}]")
+            where = f"conversations[{i}]"
+            _add_reasoning(message, _turn_reasoning(turn, where), where)
             messages.append(message)
         else:
             raise Drop(UNKNOWN_ROLE, f"conversations[{i}] has unknown speaker {speaker!r}")
@@ -230,6 +231,17 @@ def _reply(value: dict, content: str) -> dict:
     message = {"role": "assistant", "content": content}
     _add_reasoning(message, value.get(REASONING), repr(REASONING))
     return message
+
+
+def _turn_reasoning(turn: dict, where: str) -> Any:
+    """A turn's reasoning under whichever name its source gave it (``TURN_REASONING_FIELDS``:
+    OpenAI-style ``reasoning_content``, harmony's ``thinking``, ``reasoning``); two that
+    disagree are refused rather than one kept silently."""
+    given = {name: turn[name] for name in TURN_REASONING_FIELDS if turn.get(name)}
+    if len({str(v) for v in given.values()}) > 1:
+        raise Drop(DUPLICATE_REASONING, f"{where}: reasoning given twice, as "
+                   f"{' and '.join(given)}")
+    return next(iter(given.values()), None)
 
 
 def _add_reasoning(message: dict, reasoning: Any, where: str) -> None:

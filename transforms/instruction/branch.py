@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms.core.chunks import Chunk
+from transforms.core.fields import REASONING_CONTENT
 from transforms.core.lengths import source_length_counts, source_trained_counts
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing, pad_packs
 from transforms.core.records import (
@@ -53,7 +54,7 @@ from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
-from transforms.instruction.chat_template import start_encoding
+from transforms.instruction.chat_template import reasoning_placements, start_encoding
 from transforms.instruction.options import InstructionConfig
 from transforms.instruction.rendering.values import EncodedExample
 from transforms.instruction.schema import (
@@ -174,6 +175,7 @@ class EncodeConversations(OverlappedStep):
     def setup(self) -> None:
         # The process's shared tokenizer: encoding only reads it (no private copy needed).
         self.tokenizer = load_tokenizer(self.tokenizer_spec, self.config.chat_template)
+        self.placement = reasoning_placements(self.tokenizer)
 
     def start(self, chunk: ConversationChunk) -> Callable[[], list[EncodedExample | Drop]]:
         config = self.config
@@ -184,7 +186,8 @@ class EncodeConversations(OverlappedStep):
         chunk: ConversationChunk = started.chunk
         results = started.handle()
         kept, origins = [], []
-        for record, result in zip(chunk.records, results, strict=True):
+        for record, conversation, result in zip(chunk.records, chunk.conversations, results,
+                                                strict=True):
             if isinstance(result, Drop):
                 kind = REASONS[result.reason].kind
                 self.drop(Rejection.of(record, result.reason, result.message), kind=kind)
@@ -192,6 +195,9 @@ class EncodeConversations(OverlappedStep):
             kept.append(result)
             origins.append(record.origin)
             self.count(f"instruction.mask_method.{result.mask_method}")
+            if any(REASONING_CONTENT in m for m in conversation.messages):
+                placement = self.placement[bool(conversation.tools)]
+                self.count(f"instruction.reasoning_placement.{placement}")
             if result.tokens_cut:
                 self.count("instruction.truncated")
                 self.count("instruction.truncated_tokens", result.tokens_cut)

@@ -17,6 +17,7 @@ from transforms.instruction.rendering.renderer import (
     SYSTEM_NONE,
     SYSTEM_TEMPLATE,
     Renderer,
+    reasoning_field,
 )
 from transforms.instruction.rendering.spans import SpanFinder, trainable
 from transforms.instruction.rendering.values import EncodedExample, MaskOptions
@@ -74,6 +75,20 @@ def start_encoding(
         return results
 
     return finish
+
+
+def reasoning_placements(tok: PreTrainedTokenizerBase) -> dict[bool, str]:
+    """Where replies' reasoning goes with the tokenizer's template, without and with tools:
+    ``field:NAME`` (the template reads it under that name) or ``inline`` (``<think>``)."""
+    placements = {}
+    for has_tools in (False, True):
+        try:
+            source = tok.get_chat_template(tools=[{}] if has_tools else None)
+        except ValueError:  # no template: its records are rejected anyway
+            source = ""
+        field = reasoning_field(source)
+        placements[has_tools] = f"field:{field}" if field else "inline"
+    return placements
 
 
 def template_default_system(tok: PreTrainedTokenizerBase,

@@ -186,6 +186,10 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "mask_methods": {method: instruction.get(f"mask_method.{method}", 0)
                              + validation.get(f"instruction.mask_method.{method}", 0)
                              for method in MASK_METHODS},
+            # examples whose replies hold reasoning, by where it went: field:NAME or inline
+            "reasoning_placement": dict(collections.Counter(
+                _by_prefix(instruction, "reasoning_placement.")) + collections.Counter(
+                _by_prefix(validation, "instruction.reasoning_placement."))),
             "packs": packs,
             "seq_len": seq_len,
             "packed_tokens": packed_tokens,

@@ -5,11 +5,20 @@ made on a template before any work (its default system text, another model famil
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from transforms.core.fields import REASONING_CONTENT
+from transforms.core.fields import REASONING_CONTENT, TURN_REASONING_FIELDS
+from transforms.core.tokenizer import BUILTIN_TEMPLATES, builtin_template
+from transforms.core.vocabulary import (
+    CONTROL_TOKEN_TEXT,
+    TEMPLATE_ERROR,
+    TOOLS_NOT_RENDERED,
+    TURN_NOT_LOCATED,
+    Drop,
+)
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.rendering.control_tokens import ControlTokens
 from transforms.instruction.rendering.sandbox import RenderTimeout, Sandbox
@@ -45,21 +54,25 @@ class Renderer:
                    for has_tools in (False, True)}
         self.sandbox = Sandbox(sources)
         self.has_markers = {k: bool(_GENERATION_TAG.search(t)) for k, t in sources.items()}
-        self.renders_reasoning = {k: REASONING_CONTENT in t for k, t in sources.items()}
+        self.reasoning_field = {k: reasoning_field(t) for k, t in sources.items()}
         self.template_kwargs = dict(tok.special_tokens_map)
         if system_prompt == SYSTEM_NONE:
             self.template_kwargs[DEFAULT_SYSTEM_VARIABLE] = ""
         self.control = ControlTokens(tok, tuple(sources.values()))
+        self._tok = tok
 
     def messages(self, conversation: Conversation) -> list[dict]:
         """The messages the template sees: the system prompt added where there is none, and
-        reasoning inline in the reply for a template that does not render ``reasoning_content``
-        itself (``inline_reasoning``)."""
+        reasoning where the template reads it: under its own field name (``thinking`` for
+        harmony), or inline in the reply for a template that reads none (``inline_reasoning``)."""
         messages = list(conversation.messages)
         if self.added_in_front(conversation):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        if not self.renders_reasoning[bool(conversation.tools)]:
-            messages = [inline_reasoning(m) if REASONING_CONTENT in m else m for m in messages]
+        field = self.reasoning_field[bool(conversation.tools)]
+        if field is None:
+            return [inline_reasoning(m) if REASONING_CONTENT in m else m for m in messages]
+        if field != REASONING_CONTENT:
+            return [_renamed(m, field) if REASONING_CONTENT in m else m for m in messages]
         return messages
 
     def added_in_front(self, conversation: Conversation) -> int:
@@ -75,6 +88,37 @@ class Renderer:
         return self.sandbox.render(tools is not None, {
             "messages": messages, "tools": tools, "documents": None,
             "add_generation_prompt": generation_prompt, **self.template_kwargs}, blocks)
+
+    def with_fix(self, drop: Drop) -> Drop:
+        """``drop`` with the option that would avoid it, for the reasons about templates."""
+        builtin = self._builtin_with_tools
+        template = (f"--chat_template {builtin}, the built-in template of this tokenizer's "
+                    "family with tool support" if builtin else "a --chat_template that does")
+        fixes = {
+            TOOLS_NOT_RENDERED: f"pass {template}",
+            TURN_NOT_LOCATED: "pass --assistant_turns=last to train only the last reply, or a "
+            "--chat_template marked with {% generation %} (docs/masking.md)",
+            TEMPLATE_ERROR: f"if the template cannot render such records, pass {template}",
+            CONTROL_TOKEN_TEXT: "pass a --chat_template that writes content as it is",
+        }
+        fix = fixes.get(drop.reason)
+        return drop if fix is None or fix in drop.message else Drop(
+            drop.reason, f"{drop.message}; {fix}")
+
+    @functools.cached_property
+    def _builtin_with_tools(self) -> str | None:
+        """The first built-in template that renders tool calls and whose control markup this
+        tokenizer holds as tokens (``llama3`` for a Llama 3.1 tokenizer), if it is not the
+        template in use."""
+        in_use = set(self.sandbox.sources.values())
+        for name in BUILTIN_TEMPLATES:
+            source = builtin_template(name)
+            markup = set(_CONTROL_MARKUP.findall(source))
+            if (source not in in_use and "tool_calls" in source and markup
+                    and all(len(self._tok.encode(m, add_special_tokens=False)) == 1
+                            for m in markup)):
+                return name
+        return None
 
     def default_system(self) -> str | None:
         """The system text the template writes into a conversation that has no system message
@@ -105,6 +149,22 @@ class Renderer:
         found = dict.fromkeys(_CONTROL_MARKUP.findall(text))
         return [markup for markup in found
                 if len(tok.encode(markup, add_special_tokens=False)) != 1]
+
+
+def reasoning_field(source: str) -> str | None:
+    """The name under which a template reads a reply's reasoning (the first of
+    ``TURN_REASONING_FIELDS`` it reads as a message's attribute or key), or None."""
+    for name in TURN_REASONING_FIELDS:
+        if re.search(rf"\.{name}\b|\[\s*['\"]{name}['\"]\s*\]|['\"]{name}['\"]\s+(?:not\s+)?in\s",
+                     source):
+            return name
+    return None
+
+
+def _renamed(message: dict, field: str) -> dict:
+    message = dict(message)
+    message[field] = message.pop(REASONING_CONTENT)
+    return message
 
 
 def inline_reasoning(message: dict) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import functools
 import threading
 import time
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 RENDER_TIME_LIMIT = 5.0  # seconds of the rendering thread's CPU time
 RENDER_MAX_CHARS = 64 << 20  # characters of rendered text
 _MAX_INT_BITS = 4096  # widest integer that ``*`` and ``**`` may build in a template
+# What ``strftime_now`` gives the templates that print today's date (harmony's system message):
+# a fixed day, GPT-OSS's release, so that the same records give the same tokens on any day.
+TEMPLATE_DATE = datetime.datetime(2025, 8, 5)
 
 
 class Sandbox:
@@ -33,8 +37,10 @@ class Sandbox:
     (``_compile``), and the watchdog that bounds each of their renders."""
 
     def __init__(self, sources: dict[bool, str]) -> None:
+        self.sources = dict(sources)
         compiled = {k: _compile(t) for k, t in sources.items()}
-        self.templates = {k: (t, dict(t.globals)) for k, t in compiled.items()}
+        self.templates = {k: (t, {**t.globals, "strftime_now": _template_date})
+                          for k, t in compiled.items()}
         self.watchdog = _Watchdog(RENDER_TIME_LIMIT)
 
     def render(self, has_tools: bool, variables: dict[str, Any],
@@ -56,6 +62,10 @@ class Sandbox:
                 return environment.concat(pieces)
             except Exception:
                 environment.handle_exception()  # re-raises, with the template's lines
+
+
+def _template_date(format: str) -> str:
+    return TEMPLATE_DATE.strftime(format)
 
 
 class TemplateLimitError(Exception):

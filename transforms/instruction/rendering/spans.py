@@ -14,6 +14,7 @@ from transforms.core.vocabulary import (
     GENERATION_MARKERS,
     NO_TRAINED_TOKENS,
     PREFIX,
+    SENTINELS,
     TEMPLATE_ERROR,
     TOOLS_NOT_RENDERED,
     TURN_NOT_LOCATED,
@@ -22,6 +23,7 @@ from transforms.core.vocabulary import (
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.rendering.renderer import PROBE, Renderer
 from transforms.instruction.rendering.sandbox import RenderTimeout
+from transforms.instruction.rendering.sentinels import sentinel_spans
 from transforms.instruction.rendering.values import MaskOptions, Rendered
 
 
@@ -35,7 +37,14 @@ class SpanFinder:
         self.stage = ""
 
     def render(self, conversation: Conversation) -> Rendered:
-        """The full text and the character spans to train, or ``Drop``."""
+        """The full text and the character spans to train, or ``Drop`` naming the option that
+        would avoid it."""
+        try:
+            return self._render(conversation)
+        except Drop as drop:
+            raise self.renderer.with_fix(drop) from None
+
+    def _render(self, conversation: Conversation) -> Rendered:
         messages = self.renderer.messages(conversation)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if self.options.last_turn_only:
@@ -50,14 +59,19 @@ class SpanFinder:
         try:
             blocks = [] if self.renderer.has_markers[tools is not None] else None
             full = self.renderer.render_text(messages, tools, blocks=blocks)
+            reasoning = None  # the reasoning regions, where the method found them itself
             if blocks is not None:
                 spans = self._marked_spans(messages, tools, turns, full, blocks)
                 method = GENERATION_MARKERS
             else:
-                spans, method = self._located_spans(messages, tools, turns, full)
+                spans, method, reasoning = self._unmarked_spans(messages, tools, turns, full)
             if not self.options.train_reasoning:
-                self.stage = "the conversation with a reasoning probe"
-                spans = self._without_reasoning(conversation, tools, turns, full, spans)
+                if reasoning is None:
+                    self.stage = "the conversation with a reasoning probe"
+                    spans = self._without_reasoning(conversation, tools, turns, full, spans)
+                else:
+                    for region in reasoning:
+                        spans = _subtract(spans, region)
             marked = None
             control = self.renderer.control
             if control.held_in(messages, tools):
@@ -77,6 +91,21 @@ class SpanFinder:
             raise Drop(CONTROL_TOKEN_TEXT, "the template alters content that holds "
                                 "control-token text, so it cannot be kept as plain text")
         return Rendered(full, spans, marked, method)
+
+    def _unmarked_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
+                        full: str) -> tuple[list[tuple[int, int]], str, list | None]:
+        """The spans of a template without markers: located turn by turn (``prefix``,
+        ``full_render``), else, where the template rewrites a turn beyond a dropped leading
+        part, by the general method (``sentinels``), which also gives the reasoning regions."""
+        if not self.options.sentinels_only:
+            try:
+                return (*self._located_spans(messages, tools, turns, full), None)
+            except Drop as drop:
+                if drop.reason != TURN_NOT_LOCATED:
+                    raise
+        self.stage = "the conversation with sentinels"
+        found = sentinel_spans(self.renderer, messages, tools, turns, full)
+        return found.spans, SENTINELS, found.reasoning
 
     def _located_spans(self, messages: list[dict], tools: list[dict] | None, turns: list[int],
                        full: str) -> tuple[list[tuple[int, int]], str]:
@@ -218,12 +247,12 @@ def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[d
                if t["function"]["name"] not in untrained]
     if missing:
         raise Drop(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
-                            f"definitions ({', '.join(missing)}); use a template with tool support")
+                            f"definitions ({', '.join(missing)})")
     trained_text = "\0".join(full[a:b] for a, b in spans)
     calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
     if any(name not in trained_text for name in calls):
         raise Drop(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
-                            "tool calls in its reply; use a template with tool support")
+                            "tool calls in its reply")
 
 
 def _probed_region(full: str, probed: str, i: int) -> tuple[int, int] | None:

@@ -17,6 +17,9 @@ class MaskOptions:
     last_turn_only: bool = False  # train only the conversation's final assistant message
     train_end_of_turn: bool = True  # train the end-of-turn token(s) that close each turn
     train_reasoning: bool = True  # train the reasoning text the template renders in a reply
+    # Find every unmarked template's spans by the general method (docs/masking.md, "The
+    # sentinel method"), not only where locating turn by turn fails.
+    sentinels_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
