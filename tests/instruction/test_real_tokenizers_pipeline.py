@@ -19,7 +19,15 @@ from transformers import AutoTokenizer
 
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, require_shared_data
-from tests.support.marked_templates import REAL_FAMILIES, TOKENIZERS, marked, stock_template
+from tests.support.marked_templates import (
+    REAL_FAMILIES,
+    REASONING_FIELD,
+    TOKENIZERS,
+    marked,
+    stock_template,
+    template_day,
+    with_reasoning_as,
+)
 from transforms.core.fields import apply_field_map
 from transforms.core.vocabulary import (
     Drop,
@@ -49,7 +57,7 @@ def records() -> list[dict]:
     return rows
 
 
-def oracle(tok, template: str) -> collections.Counter:
+def oracle(tok, family: str, template: str) -> collections.Counter:
     """(ids, labels) of every conversation transformers can render with the marked template,
     reasoning written inline where the template has no place for it, as the pipeline does."""
     found = collections.Counter()
@@ -59,8 +67,11 @@ def oracle(tok, template: str) -> collections.Counter:
         except Drop:
             continue
         messages = list(conversation.messages)
-        if "reasoning_content" not in template:  # the pipeline writes reasoning inline there
+        field = REASONING_FIELD.get(family)
+        if field is None:  # the pipeline writes reasoning inline there
             messages = [inline_reasoning(m) if "reasoning_content" in m else m for m in messages]
+        else:
+            messages = [with_reasoning_as(m, field) for m in messages]
         tools = list(conversation.tools) if conversation.tools else None
         try:
             text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
@@ -110,7 +121,8 @@ def family_run(request, tmp_path_factory):
 def test_every_packed_segment_is_the_marked_template_oracle(family_run):
     family, output, manifest = family_run
     tok = AutoTokenizer.from_pretrained(TOKENIZERS / family)
-    expected = oracle(tok, marked(family, stock_template(tok)))
+    with template_day():
+        expected = oracle(tok, family, marked(family, stock_template(tok)))
     found = segments(output)
     assert found == expected
     assert sum(found.values()) == manifest["instruction"]["examples"] > 250
@@ -124,5 +136,7 @@ def test_the_manifest_counts_each_mask_method(family_run):
     assert "turn_not_located" not in rejected and manifest["records"]["balanced"]
     if family == "qwen3":  # multi-turn conversations are read off the full rendering
         assert methods["full_render"] > 50 and methods["prefix"] > 200
+    elif family == "gptoss":  # and placed by sentinels where harmony rewrites history
+        assert methods["sentinels"] > 50 and methods["prefix"] > 200
     else:
         assert methods["prefix"] == manifest["instruction"]["examples"]

@@ -17,7 +17,12 @@ tests check on every shared conversation.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import re
+from collections.abc import Iterator
+
+import pytest
 
 from tests.conftest import SHARED_DATA, require_shared_data
 
@@ -168,6 +173,38 @@ PATCHES: dict[str, list[tuple[str, str, str]]] = {
         ),
     ],
 }
+
+
+# The field under which a family's stock template reads a reply's reasoning, where it reads one.
+REASONING_FIELD = {"qwen3": "reasoning_content", "gptoss": "thinking"}
+
+
+def with_reasoning_as(message: dict, field: str) -> dict:
+    """A canonical message with its ``reasoning_content`` under the name ``field``."""
+    if "reasoning_content" not in message or field == "reasoning_content":
+        return message
+    message = dict(message)
+    message[field] = message.pop("reasoning_content")
+    return message
+
+
+class _TemplateDay(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        from transforms.instruction.rendering.sandbox import TEMPLATE_DATE
+
+        return TEMPLATE_DATE
+
+
+@contextlib.contextmanager
+def template_day() -> Iterator[None]:
+    """transformers' ``strftime_now`` (harmony prints the date) gives the fixed day ours
+    renders with."""
+    from transformers.utils import chat_template_utils
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(chat_template_utils, "datetime", _TemplateDay)
+        yield
 
 
 def patch(text: str, old: str, new: str) -> str:
