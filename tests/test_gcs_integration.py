@@ -248,6 +248,6 @@ def test_worker_environment_reaches_the_emulator(cloud, uploaded):
     code = ("from apache_beam.io.filesystems import FileSystems as F;"
             f"print(len(F.match(['{uploaded['inputs']}/*'])[0].metadata_list))")
     result = subprocess.run([sys.executable, "-c", code], check=False, env=child_env(cloud),
-                            cwd=ROOT, capture_output=True, text=True, timeout=15)
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == len(INPUTS)
