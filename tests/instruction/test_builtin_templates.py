@@ -22,13 +22,15 @@ from tests.support.shared_chats import SWEEP_FILES, adapted
 from transforms.core import tokenizer as tk
 from transforms.instruction.adapters import Conversation
 from transforms.instruction.chat_template import check_template_tokens
+from transforms.instruction.rendering.renderer import reasoning_field
 
 require_shared_data()
 
 TOKENIZERS = SHARED_DATA.parent / "tokenizers"
 TEST_TEMPLATES = TEST_DATA / "templates"
 # Built-in template -> the folder of the real tokenizer whose stock template it reproduces.
-STOCK = {"qwen3": "qwen3", "llama3": "llama3_1", "gemma3": "gemma3", "deepseekv3": "deepseek_v3"}
+STOCK = {"qwen3": "qwen3", "llama3": "llama3_1", "gemma3": "gemma3", "deepseekv3": "deepseek_v3",
+         "gptoss": "gptoss"}
 SYSTEM = "You are a careful assistant. Answer briefly."
 GLAIVE_FILES = ("chat/glaive_toolcall_en_demo.json", "chat/glaive_toolcall_zh_demo.json")
 GLAIVE = GLAIVE_FILES[0]
@@ -134,6 +136,8 @@ def compare(tok, name: str, selected: list[Conversation], **kwargs) -> tuple[int
             try:
                 expected = render(chat_template=tok.chat_template)
             except Exception:  # the stock template's own limits (roles, content types)
+                with pytest.raises(Exception):  # and ours keeps them
+                    render(chat_template=ours)
                 stock_failed += 1
                 continue
             assert render(chat_template=ours) == expected, (name, messages, generation_prompt)
@@ -152,6 +156,22 @@ def check_qwen3(tok, every: bool) -> None:
     assert prompts > (3_000 if every else 500), prompts
 
 
+def as_thinking(conversation: Conversation) -> Conversation:
+    """Reasoning under harmony's name for it, as the pipeline passes it to GPT-OSS."""
+    return with_messages(conversation, [
+        {("thinking" if k == "reasoning_content" else k): v for k, v in m.items()}
+        for m in conversation.messages])
+
+
+def check_gptoss(tok, every: bool) -> None:
+    """Tools included: harmony writes function tools as a TypeScript namespace."""
+    selected = [*conversations(every), *map(as_thinking, reasoning_conversations(every))]
+    compared, failed = compare(tok, "gptoss", selected)
+    # Both raise on a tool result with no call before it (six glaive conversations here).
+    assert compared > (60_000 if every else 8_000) and failed < (60 if every else 10), \
+        (compared, failed)
+
+
 def check_without_tools(tok, name: str, every: bool) -> None:
     """The stock templates of these families ignore tool definitions and calls, so conversations
     that use tools are compared only for qwen3."""
@@ -163,17 +183,23 @@ def test_qwen3_renders_as_the_stock_template(stock):
     check_qwen3(stock(STOCK["qwen3"]), every=False)
 
 
+def test_gptoss_renders_as_the_stock_template(stock):
+    check_gptoss(stock(STOCK["gptoss"]), every=False)
+
+
 @pytest.mark.parametrize("name", ["llama3", "gemma3", "deepseekv3"])
 def test_renders_as_the_stock_template_without_tools(stock, name):
     check_without_tools(stock(STOCK[name]), name, every=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma3", "deepseekv3"])
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma3", "deepseekv3", "gptoss"])
 def test_every_shared_conversation_renders_as_the_stock_template(stock, name):
     """The sweep above on every shared conversation and every GSM8K row (run with -m slow)."""
     if name == "qwen3":
         check_qwen3(stock(STOCK[name]), every=True)
+    elif name == "gptoss":
+        check_gptoss(stock(STOCK[name]), every=True)
     else:
         check_without_tools(stock(STOCK[name]), name, every=True)
 
@@ -186,8 +212,9 @@ def test_chatml_is_the_default_tokenizers_template():
 def test_the_package_holds_exactly_the_builtin_templates():
     folder = Path(tk.__file__).parents[1] / "instruction" / "templates"
     assert sorted(p.stem for p in folder.glob("*.jinja")) == sorted(tk.BUILTIN_TEMPLATES)
-    for name in tk.BUILTIN_TEMPLATES:  # what rendering/renderer.py takes as rendering reasoning
-        assert ("reasoning_content" in tk.builtin_template(name)) == (name == "qwen3"), name
+    for name in tk.BUILTIN_TEMPLATES:  # where rendering/renderer.py passes the reasoning
+        field = reasoning_field(tk.builtin_template(name))
+        assert field == {"qwen3": "reasoning_content", "gptoss": "thinking"}.get(name), name
 
 
 def tool_conversation() -> Conversation:
@@ -265,9 +292,10 @@ def test_mistral_renders_as_the_projects_test_template():
 
 @pytest.mark.parametrize("name", tk.BUILTIN_TEMPLATES)
 def test_tool_conversations_render_in_full_and_prefix_stable(name):
-    """Every tool definition, call and result is in the text; every template but qwen3 (which
-    drops earlier replies' reasoning, as Qwen3 does) renders each prompt and each conversation up
-    to an assistant reply as a prefix of the whole."""
+    """Every tool definition, call and result is in the text (gptoss writes results as JSON
+    strings); every template but qwen3 and gptoss (which rewrite history, as their models' own
+    templates do) renders each prompt and each conversation up to an assistant reply as a prefix
+    of the whole."""
     tok = tk.load_tokenizer(None, name)
     checked = 0
     for c in adapted(GLAIVE)[0]:
@@ -280,11 +308,13 @@ def test_tool_conversations_render_in_full_and_prefix_stable(name):
             assert tool["function"]["name"] in full
         for i, message in enumerate(messages):
             if message["role"] == "tool":
-                assert message["content"].strip() in full
+                result = message["content"]
+                assert (json.dumps(result, ensure_ascii=False) if name == "gptoss"
+                        else result.strip()) in full
             for call in message.get("tool_calls") or []:
                 assert call["function"]["name"] in full
                 assert dumps(call["function"]["arguments"]) in full
-            if message["role"] == "assistant" and name != "qwen3":
+            if message["role"] == "assistant" and name not in ("qwen3", "gptoss"):
                 assert full.startswith(render(messages[:i], add_generation_prompt=True))
                 assert full.startswith(render(messages[: i + 1]))
         checked += 1

@@ -49,7 +49,7 @@ QWEN2_PATTERN = (
 
 # Chat templates that ship with the package (``transforms/instruction/templates/NAME.jinja``), for
 # ``--chat_template NAME`` where the tokenizer has no template or the wrong one.
-BUILTIN_TEMPLATES = ("chatml", "deepseekv3", "gemma3", "llama3", "mistral", "qwen3")
+BUILTIN_TEMPLATES = ("chatml", "deepseekv3", "gemma3", "gptoss", "llama3", "mistral", "qwen3")
 
 
 def builtin_template(name: str) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.core.option_types import boolean, non_negative_int, positive_int
+from transforms.core.tokenizer import BUILTIN_TEMPLATES
 from transforms.core.vocabulary import INSTRUCTION_FORMATS
 from transforms.instruction.chat_template import OVERFLOW_POLICIES
 from transforms.instruction.rendering.renderer import SYSTEM_NONE, SYSTEM_TEMPLATE
@@ -30,7 +31,7 @@ class InstructionOptions(PipelineOptions):
         group.add_argument(
             "--chat_template", default=None,
             help="A Jinja chat template that overrides the tokenizer's: a path (local or gs://) or "
-            "a built-in name (chatml, deepseekv3, gemma3, llama3, mistral, qwen3). Its control "
+            f"a built-in name ({', '.join(BUILTIN_TEMPLATES)}). Its control "
             "markup must be tokens of --tokenizer: another family's template stops the run "
             "before any work (see --template_markup_as_text).")
         group.add_argument(
