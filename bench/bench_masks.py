@@ -7,7 +7,10 @@ tool-call conversations three ways, each timed as the best of ``--repeats`` runs
   are located in the full rendering;
 * ``prefix``: TRL's ``qwen3_training.jinja`` with its ``{% generation %}`` tags removed, a
   prefix-stable template of the same family and length: the reference;
-* ``generation_markers``: the same TRL template with its tags.
+* ``generation_markers``: the same TRL template with its tags;
+* ``sentinels``: the general method alone (``MaskOptions(sentinels_only=True)``) on the stock
+  template and on the prefix-stable one; by default it runs only where locating turn by turn
+  fails (GPT-OSS's harmony).
 
     .venv/bin/python -m bench.bench_masks [--repeats 3]
 """
@@ -50,11 +53,12 @@ def conversations() -> list[Conversation]:
     return found
 
 
-def timed(tok, chats: list[Conversation], repeats: int) -> tuple[float, collections.Counter]:
+def timed(tok, chats: list[Conversation], repeats: int, options: MaskOptions
+          ) -> tuple[float, collections.Counter]:
     best, methods = float("inf"), collections.Counter()
     for _ in range(repeats):
         start = time.perf_counter()
-        results = encode_conversations(tok, chats, MaskOptions())
+        results = encode_conversations(tok, chats, options)
         best = min(best, time.perf_counter() - start)
         methods = collections.Counter(r.mask_method if isinstance(r, EncodedExample) else r.reason
                                       for r in results)
@@ -69,12 +73,16 @@ def main() -> None:
     training = (Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja").read_text()
     chats = conversations()
     rows = []
-    for label, template in (("prefix (reference)", TAGS.sub("", training)),
-                            ("full_render (stock Qwen3)", stock.chat_template),
-                            ("generation_markers", training)):
+    general = MaskOptions(sentinels_only=True)
+    for label, template, options in (
+            ("prefix (reference)", TAGS.sub("", training), MaskOptions()),
+            ("full_render (stock Qwen3)", stock.chat_template, MaskOptions()),
+            ("generation_markers", training, MaskOptions()),
+            ("sentinels (stock Qwen3)", stock.chat_template, general),
+            ("sentinels (prefix-stable template)", TAGS.sub("", training), general)):
         tok = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen3")
         tok.chat_template = template
-        seconds, methods = timed(tok, chats, args.repeats)
+        seconds, methods = timed(tok, chats, args.repeats, options)
         rows.append((label, seconds, methods))
     reference = rows[0][1]
     print(f"{len(chats)} conversations, Qwen3 tokenizer, best of {args.repeats}\n")
