@@ -128,6 +128,15 @@ def test_every_packed_segment_is_the_marked_template_oracle(family_run):
     assert sum(found.values()) == manifest["instruction"]["examples"] > 250
 
 
+def test_the_manifest_says_where_reasoning_went(family_run):
+    """The GSM8K input holds reasoning: under the template's own field, else inline."""
+    family, _, manifest = family_run
+    field = REASONING_FIELD.get(family)
+    placement = f"field:{field}" if field else "inline"
+    (counted,) = manifest["instruction"]["reasoning_placement"].items()
+    assert counted[0] == placement and counted[1] > 40
+
+
 def test_the_manifest_counts_each_mask_method(family_run):
     family, _, manifest = family_run
     methods = manifest["instruction"]["mask_methods"]
