@@ -49,8 +49,9 @@ from transforms.core.vocabulary import (
 from transforms.io import planning, read_formats
 from transforms.io.compression import file_format
 from transforms.io.input_specs import parse_input_spec, split_input_values
+from transforms.io.json_values import MAX_JSON_DEPTH
 from transforms.io.planning import plan_shards
-from transforms.io.read_formats import MAX_JSON_DEPTH, read_shard
+from transforms.io.read_formats import read_shard
 
 DATA = TEST_DATA / "readers"
 C4 = DATA / "c4_sample.jsonl"

@@ -33,10 +33,8 @@ from transforms.core.records import (
 )
 from transforms.core.vocabulary import (
     INVALID_UTF8,
-    LONE_SURROGATE,
     MALFORMED_CSV,
     MALFORMED_JSON,
-    NOT_AN_OBJECT,
     RECORD_TOO_LARGE,
     TOO_DEEPLY_NESTED,
     UNREADABLE_FILE,
@@ -47,6 +45,14 @@ from transforms.io.compression import (
     READ_ERRORS,
     open_input,
     uncompressed_name,
+)
+from transforms.io.json_values import (
+    JSON_ERRORS,
+    is_utf8,
+    may_hold_lone_surrogate,
+    may_nest_too_deeply,
+    parse_error_message,
+    unfit_record,
 )
 
 MiB = 1 << 20
@@ -271,79 +277,18 @@ def _read_jsonl(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple
                 yield _json_line(shard, line, limit), line.size + 1
 
 
-# ValueError: besides JSONDecodeError, an integer of more than 4,300 digits (Python's limit on
-# int-string conversion). RecursionError: JSON nested deeper than the parser's stack. Both are
-# hostile records, not crashes.
-_JSON_ERRORS = (ValueError, RecursionError)
-
-
-# Deeper values parse but cannot be pickled between Beam stages; no real record nests this deep.
-MAX_JSON_DEPTH = 64
-_DEPTH_MESSAGE = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-
-
-def _too_deep(value: object) -> bool:
-    """Whether ``value`` nests lists and objects deeper than MAX_JSON_DEPTH (iteratively)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
-        if isinstance(node, dict | list):
-            if depth > MAX_JSON_DEPTH:
-                return True
-            stack.extend((child, depth + 1) for child in children
-                         if isinstance(child, dict | list))
-    return False
-
-
-def _json_message(error: Exception) -> str:
-    return "JSON nested too deeply to parse" if isinstance(error, RecursionError) else str(error)
-
-
-# JSON may escape half of a surrogate pair alone ("\ud800"): json.loads gives a str that no
-# UTF-8 output can hold, which would fail far downstream. Only text holding such an escape
-# (a backslash, u, then D8-DF) is scanned for one.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE_MESSAGE = ("JSON string escapes a lone surrogate (half of a UTF-16 pair, "
-                      "e.g. \\ud800), which is not Unicode text")
-
-
-def _holds_lone_surrogate(value: object) -> bool:
-    """Whether a string, an object key or a value nested in ``value`` holds a lone surrogate
-    (iteratively; the parser joins a valid escaped pair into one character)."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if not node.isascii() and not _is_utf8(node):
-                return True
-        elif isinstance(node, dict):
-            stack.extend(node)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
 def _json_line(shard: ShardSpec, line: _Line, limit: int) -> Record:
     text = _text_value(shard, line, limit)
     if isinstance(text, Record):
         return text
     try:
         value = json.loads(text)
-    except _JSON_ERRORS as error:
-        return _failed(shard, line.offset, MALFORMED_JSON, _json_message(error),
+    except JSON_ERRORS as error:
+        return _failed(shard, line.offset, MALFORMED_JSON, parse_error_message(error),
                        _raw_text(text.rstrip("\r")))
-    # Each level of nesting opens with a bracket: a line with few cannot nest too deeply, and
-    # then the walk is skipped.
-    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _too_deep(value):
-        return _failed(shard, line.offset, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE,
-                       _raw_text(text.rstrip("\r")))
-    if not isinstance(value, dict):
-        message = f"a JSON {type(value).__name__}, not an object"
-        return _failed(shard, line.offset, NOT_AN_OBJECT, message, _raw_text(text.rstrip("\r")))
-    if _SURROGATE_ESCAPE.search(text) and _holds_lone_surrogate(value):
-        return _failed(shard, line.offset, LONE_SURROGATE, _SURROGATE_MESSAGE,
+    drop = unfit_record(value, may_nest_too_deeply(text), may_hold_lone_surrogate(text))
+    if drop is not None:
+        return _failed(shard, line.offset, drop.reason, drop.message,
                        _raw_text(text.rstrip("\r")))
     return Record(shard.source, line.offset, shard.input_index, value=value)
 
@@ -475,26 +420,22 @@ def _read_json(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[
         return
     try:
         value = json.loads(text)
-    except _JSON_ERRORS as error:
-        yield _failed(shard, 0, MALFORMED_JSON, _json_message(error), _raw(data)), len(data)
+    except JSON_ERRORS as error:
+        yield _failed(shard, 0, MALFORMED_JSON, parse_error_message(error), _raw(data)), len(data)
         return
     items = value if isinstance(value, list) else [value]
     share = max(1, len(data) // max(1, len(items)))  # chunk_bytes needs a size per record
-    surrogates = _SURROGATE_ESCAPE.search(text) is not None
+    surrogates = may_hold_lone_surrogate(text)
     del data, text
     for index, item in enumerate(items):
         cursor.position = index
-        if _too_deep(item):
-            yield _failed(shard, index, TOO_DEEPLY_NESTED, _DEPTH_MESSAGE, ""), share
-        elif not isinstance(item, dict):
-            raw = _raw_text(json.dumps(item, ensure_ascii=False))
-            message = f"a JSON {type(item).__name__}, not an object"
-            yield _failed(shard, index, NOT_AN_OBJECT, message, raw), share
-        elif surrogates and _holds_lone_surrogate(item):
-            raw = _raw_text(json.dumps(item, ensure_ascii=False))
-            yield _failed(shard, index, LONE_SURROGATE, _SURROGATE_MESSAGE, raw), share
-        else:
+        drop = unfit_record(item, True, surrogates)
+        if drop is None:
             yield Record(shard.source, index, shard.input_index, value=item), share
+        else:  # a value too deep to pickle is not written back either
+            raw = ("" if drop.reason == TOO_DEEPLY_NESTED
+                   else _raw_text(json.dumps(item, ensure_ascii=False)))
+            yield _failed(shard, index, drop.reason, drop.message, raw), share
 
 
 class _CsvLines:
@@ -601,7 +542,7 @@ def _read_csv(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[R
             raw = raw.rstrip("\r\n")
             if row == []:
                 continue  # a blank line
-            if error is None and not _is_utf8(raw):
+            if error is None and not is_utf8(raw):
                 error = Drop(INVALID_UTF8, "row contains bytes that are not UTF-8")
             if header is None:
                 if error is not None:
@@ -637,14 +578,6 @@ def _header_error(header: list[str]) -> Drop | None:
     names = ", ".join(repr(name) for name in repeated)
     return Drop(MALFORMED_CSV, f"the header names column {names} more than once; "
                                "rename the copies so that each column has its own name")
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _read_parquet(shard: ShardSpec, cursor: _Cursor, limit: int) -> Iterator[tuple[Record, int]]:
