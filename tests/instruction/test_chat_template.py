@@ -37,6 +37,7 @@ from transforms.core.vocabulary import (
     IGNORE_INDEX,
     NO_TRAINED_TOKENS,
     PREFIX,
+    SENTINELS,
     TEMPLATE_ERROR,
     TOO_LONG,
     TOOLS_NOT_RENDERED,
@@ -512,6 +513,41 @@ def test_a_history_rewriting_template_is_masked_from_its_full_rendering(toks):
     # The tokens are those of the one full rendering, as apply_chat_template gives them.
     expected = tok.apply_chat_template(list(chat.messages), tokenize=True, return_dict=True)
     assert first.input_ids.tolist() == expected["input_ids"]
+
+
+SENTINELS_ONLY = MaskOptions(sentinels_only=True)
+
+
+def test_the_sentinel_method_gives_the_full_render_masks(toks):
+    """The general method alone, on the history-rewriting template: the same labels."""
+    tok = with_template(toks["chatml"], REWRITING)
+    chats = [Conversation((user("a"), reasoning_reply("A", "think a"), user("b"),
+                           reasoning_reply("B", "think b"))),
+             Conversation((user("a"), reasoning_reply("A", "r1"), {"role": "tool", "content": "t"},
+                           reasoning_reply("B", "r2"), user("b"), reasoning_reply("C", "r3")))]
+    for options in (DEFAULT, MaskOptions(train_reasoning=False)):
+        located = encode_conversations(tok, chats, options)
+        general = encode_conversations(tok, chats, dataclasses.replace(options,
+                                                                       sentinels_only=True))
+        for ours, theirs in zip(general, located, strict=True):
+            assert ours.mask_method == SENTINELS and theirs.mask_method == FULL_RENDER
+            assert np.array_equal(ours.input_ids, theirs.input_ids)
+            assert np.array_equal(ours.labels, theirs.labels)
+
+
+@pytest.mark.parametrize("rendering", [
+    "m.content | upper",  # a trained reply transformed: what would the model learn?
+    "m.content + ' ' + m.content",  # written twice: which copy is the reply?
+])
+def test_the_sentinel_method_refuses_a_template_that_alters_a_reply(toks, rendering):
+    tok = with_template(toks["chatml"], (
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+        f"{{{{ ({rendering} if m.role == 'assistant' else m.content) + '<|im_end|>\\n' }}}}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"))
+    (result,) = encode_conversations(tok, [Conversation((user("a"), assistant("Reply")))],
+                                     SENTINELS_ONLY)
+    assert isinstance(result, Drop) and result.reason == TURN_NOT_LOCATED, result
+    assert "--assistant_turns=last" in result.message  # the option that avoids it
 
 
 def test_a_turn_after_rewritten_history_starts_after_its_own_header(toks):
