@@ -159,7 +159,7 @@ def _turn_span(renderer: Renderer, stand_ins: list[dict], tools: list[dict] | No
     start = _turn_start(text, prompt, stand_ins, i)
     ending = _end_token(generated, renderer)
     body = generated[: len(generated) - len(ending)]
-    kept = next(body[k:] for k in range(len(body) + 1) if text.startswith(body[k:], start))
+    kept = body if text.startswith(body, start) else _longest_tail_at(text, start, body)
     if not _holds_reply(kept, stand_ins[i]):
         if not _holds_reply(generated, stand_ins[i]):  # a template without tool support
             raise Drop(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
@@ -180,8 +180,7 @@ def _turn_start(text: str, prompt: str, stand_ins: list[dict], i: int) -> int:
     """Where assistant message ``i``'s generated text starts in ``text``: after the part of its
     generation prompt ``prompt`` that follows the last sentinel of an earlier message (the end
     of the message before and the turn's header), which must stand there as it is."""
-    found = [(at + len(s), s) for s in _sentinels(stand_ins[:i]) if (at := text.find(s)) >= 0]
-    end, sentinel = max(found, default=(0, ""))
+    end, sentinel = _last_sentinel(text, stand_ins[:i])
     at = prompt.find(sentinel) if sentinel else 0
     tail = prompt[at + len(sentinel):] if at >= 0 else None
     if tail is None or not text.startswith(tail, end):
@@ -191,9 +190,42 @@ def _turn_start(text: str, prompt: str, stand_ins: list[dict], i: int) -> int:
     return end + len(tail)
 
 
-def _sentinels(stand_ins: list[dict]) -> list[str]:
-    return [m[kind] for m in stand_ins for kind in ("content", *TURN_REASONING_FIELDS)
-            if isinstance(m.get(kind), str) and m[kind].startswith(SENTINEL_START)]
+def _last_sentinel(text: str, stand_ins: list[dict]) -> tuple[int, str]:
+    """The end in ``text`` of the last sentinel of ``stand_ins`` it holds, and that sentinel;
+    (0, '') for none. Templates write messages in order, so the messages are searched from the
+    last one back (where one is out of order, the caller's check fails: a refusal)."""
+    for message in reversed(stand_ins):
+        found = [(at + len(s), s) for s in _sentinels(message) if (at := text.find(s)) >= 0]
+        if found:
+            return max(found)
+    return 0, ""
+
+
+def _sentinels(stand_in: dict) -> list[str]:
+    return [stand_in[kind] for kind in ("content", *TURN_REASONING_FIELDS)
+            if isinstance(stand_in.get(kind), str) and stand_in[kind].startswith(SENTINEL_START)]
+
+
+def _longest_tail_at(text: str, start: int, body: str) -> str:
+    """The longest tail of ``body`` that ``text`` holds at ``start``, in linear time (a reply's
+    tool-call arguments may be long): the longest prefix of that window of ``text`` matched at
+    the end of ``body``, by Knuth-Morris-Pratt."""
+    window = text[start : start + len(body)]
+    if not window:
+        return ""
+    fail = [0] * len(window)
+    k = 0
+    for i in range(1, len(window)):
+        while k and window[i] != window[k]:
+            k = fail[k - 1]
+        k += window[i] == window[k]
+        fail[i] = k
+    k = 0
+    for char in body:
+        while k and (k == len(window) or char != window[k]):
+            k = fail[k - 1]
+        k += k < len(window) and char == window[k]
+    return body[len(body) - k :]
 
 
 def _end_token(generated: str, renderer: Renderer) -> str:
