@@ -19,6 +19,7 @@ from transforms.core.vocabulary import (
     MASK_METHODS,
     REJECTED,
 )
+from transforms.io.formats import DOCUMENTS, format_kinds
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -141,7 +142,8 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
     seq_len = config["instruction"]["seq_len"]
     outputs: dict[str, list] = collections.defaultdict(list)
     for entry in sorted(files, key=lambda f: f["path"]):
-        outputs[entry["kind"]].append({"path": entry["path"], "rows": entry["rows"]})
+        outputs[entry["kind"]].append({key: entry[key] for key in ("path", "rows", "tokens")
+                                       if key in entry})
     return {
         "format_version": FORMAT_VERSION,
         "complete": True,
@@ -356,6 +358,13 @@ def check_rows_written(manifest: Mapping) -> None:
                 manifest["validation"]["instruction"]["examples_written"]
     if manifest["config"].get("write_filtered"):
         expected[FILTERED] = sum(records[FILTERED].values())
+    documents = {DOCUMENTS: manifest["knowledge"]["documents"]}
+    if "validation" in manifest:
+        documents[f"validation/{DOCUMENTS}"] = manifest["validation"]["knowledge"]["documents"]
+    for format_kind in format_kinds(manifest["config"].get("output_format", ())):
+        source = format_kind.source
+        if source in expected or source in documents:
+            expected[format_kind.kind] = expected.get(source, documents.get(source))
     written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))
                for kind in expected}
     wrong = {kind: (written[kind], n) for kind, n in expected.items() if written[kind] != n}
