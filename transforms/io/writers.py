@@ -364,7 +364,8 @@ class WriteOutputFile(BackgroundWriter):
     def __init__(self, row_group_rows: int):
         self.row_group_rows = row_group_rows
 
-    def process(self, plan: OutputFile, fields: Mapping) -> Iterator[dict]:
+    def process(self, plan: OutputFile, fields: Mapping | None = None) -> Iterator[dict]:
+        """``fields`` (the manifest's facts) gives an extra format the vocabulary size."""
         note = {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
         if plan.kind in FORMAT_KINDS:
             yield {**note, **self._write_format(plan, fields["tokenizer"]["vocab_size"])}
