@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -24,10 +25,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from beam_pipeline.card import CARD_ROOT, build_card
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES, ROOT
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.io.earlier_runs import clear_previous_outputs
+from transforms.io.formats.how_to_read import how_to_read, snippets
+from transforms.io.manifest import summary_lines
 
 EOD = 151643  # <|endoftext|> of the offline Qwen2 tokenizer
 BLOCK_SIZE = 256
@@ -203,3 +207,62 @@ def test_an_overwrite_deletes_every_format_file_and_nothing_of_the_users(output,
     clear_previous_outputs(str(copy))
     assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == \
         ["mds/sft/notes.txt"]
+
+
+def test_the_summary_and_card_point_each_trainer_at_the_files_written(output, manifest, tmp_path,
+                                                                       monkeypatch):
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    summary = summary_lines(manifest, str(output))
+    lines = summary[next(i for i, line in enumerate(summary)
+                         if line.startswith("formats written: parquet, megatron, mds, litdata")):]
+    text = "\n".join(lines)
+    [data_path] = [line.split() for line in lines if line.strip().startswith("--data-path ")]
+    prefixes, weights = get_blend_from_list(data_path[1:])  # Megatron's own parsing
+    entries = manifest["outputs"]["megatron/pretrain"]
+    assert prefixes == [entry["path"][:-len(".bin")] for entry in entries]
+    # weights are the shards' tokens: every document's tokens and its end-of-text token
+    assert weights == [entry["tokens"] for entry in entries]
+    assert sum(weights) == manifest["knowledge"]["tokens"] + manifest["knowledge"]["documents"]
+    named = set(re.findall(re.escape(str(output)) + r"/[\w./-]+", text))
+    assert {Path(p).relative_to(output).as_posix() for p in named} == {
+        *(Path(prefix).relative_to(output).as_posix() for prefix in prefixes),
+        "megatron/sft/part-00000-of-00002.npy", "megatron/sft/part-00001-of-00002.npy",
+        *(f"{fmt}/{kind}" for fmt in ("mds", "litdata") for kind in ("pretrain", "sft"))}
+    for path in named:
+        assert Path(path).exists() or Path(f"{path}.bin").exists(), path
+    # the LitData snippet and NeMo's joining of the .npy shards run as they are
+    found = {snippet.title.split()[0]: snippet.lines
+             for snippet in snippets(manifest["formats"]["how_to_read"], str(output))}
+    litdata: dict = {}
+    exec("\n".join(found["LitData"]), litdata)
+    assert len(litdata["pretrain"]) == manifest["knowledge"]["blocks"]
+    assert len(litdata["sft"]) == manifest["instruction"]["packs"]
+    monkeypatch.chdir(tmp_path)
+    nemo = found["NeMo"]
+    exec("\n".join(nemo[:nemo.index("from nemo.collections import llm")]), {})
+    assert [pack["seq_start_id"] for pack in np.load("train.npy", allow_pickle=True)] == [
+        pack["seq_start_id"] for entry in manifest["outputs"]["megatron/sft"]
+        for pack in np.load(entry["path"], allow_pickle=True)]
+    assert 'packed_train_data_path="train.npy",' in "\n".join(nemo)
+    # the card shows the same snippets, rooted at its own folder
+    card = build_card(manifest)
+    assert "--data-path " + " ".join(
+        f"{entry['tokens']} {CARD_ROOT}/megatron/pretrain/{Path(entry['path']).stem}"
+        for entry in entries) in card
+    assert f'StreamingDataset(local="{CARD_ROOT}/mds/sft", shuffle=True)' in card
+
+
+def test_one_npy_per_split_goes_to_nemo_as_it_is_and_a_bucket_streams_into_a_cache():
+    outputs = {"megatron/sft": [{"path": "gs://b/run/megatron/sft/part-00000-of-00001.npy",
+                                 "rows": 3, "tokens": 30}],
+               "mds/sft": [{"path": "gs://b/run/mds/sft/part-00000-of-00001.mds", "rows": 3,
+                            "tokens": 30}]}
+    found = how_to_read(outputs, ("parquet", "megatron", "mds"), 2048)
+    assert found["megatron"]["pretrain"] == {}
+    nemo, mds = (s.lines for s in snippets(found, "gs://b/run"))
+    assert "import numpy as np" not in nemo
+    assert ('        packed_train_data_path="gs://b/run/megatron/sft/part-00000-of-00001.npy",'
+            in nemo)
+    assert mds[1] == ('sft = StreamingDataset(remote="gs://b/run/mds/sft", '
+                      'local="/tmp/mds-cache/mds/sft", shuffle=True)')

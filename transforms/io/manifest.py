@@ -20,6 +20,7 @@ from transforms.core.vocabulary import (
     REJECTED,
 )
 from transforms.io.formats import DOCUMENTS, format_kinds
+from transforms.io.formats.how_to_read import snippets
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -429,8 +430,9 @@ def read_manifest(output_dir: str) -> dict:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def summary_lines(manifest: Mapping) -> list[str]:
-    """The short report printed at the end of a local run."""
+def summary_lines(manifest: Mapping, output_dir: str = "OUTPUT") -> list[str]:
+    """The short report printed at the end of a local run; ``output_dir`` roots the paths of
+    the extra formats' snippets."""
     records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
     efficiency = inst["packing_efficiency"]
     lines = [
@@ -465,6 +467,11 @@ def summary_lines(manifest: Mapping) -> list[str]:
         rows = sum(f["rows"] for f in files)
         lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "
                      f"{FileSystems.split(files[0]['path'])[0]}")
+    formats = manifest.get("formats", {})
+    if formats.get("how_to_read"):
+        lines.append(f"formats written: {', '.join(formats['written'])}; to train on them:")
+    for snippet in snippets(formats.get("how_to_read", {}), output_dir):
+        lines += [f"{snippet.title}:", *(f"  {line}" for line in snippet.lines)]
     return lines
 
 

@@ -37,6 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.core.steps import Part
 from transforms.core.vocabulary import FILTERED, REJECTED
 from transforms.io.formats import FORMAT_KINDS, format_kinds, write_folder_indexes
+from transforms.io.formats.how_to_read import how_to_read
 from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
     RowCountError,
@@ -483,8 +484,11 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     manifest["warnings"] = input_warnings(manifest)
     check_strict(manifest, fields["config"].get("strict", False))
     check_files_hold_rows(files)
-    manifest["formats"] = {"written": list(fields["config"]["output_format"]),
-                           "index_files": write_folder_indexes(files, output_dir)}
+    written = fields["config"]["output_format"]
+    manifest["formats"] = {"written": list(written),
+                           "index_files": write_folder_indexes(files, output_dir),
+                           "how_to_read": how_to_read(manifest["outputs"], written,
+                                                      manifest["instruction"]["seq_len"])}
     if "run" in fields:  # the last check before publishing: does this run still own the folder?
         check_owner(fields["run"]["output"], fields["run"]["run_id"])
     config = fields["config"]
