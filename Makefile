@@ -18,9 +18,11 @@ $(RUN_STAMP): requirements.txt constraints.txt setup.py
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Plus test, lint and training-side tools (torch, trl, datasets) for `make test` and `make bench`.
-$(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt requirements-train.txt
+# Plus test, lint and training-side tools (torch, trl, datasets) for `make test` and `make bench`,
+# and the trainers' readers the output-format tests use (litdata without its declared deps).
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt requirements-train.txt requirements-nodeps.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt -r requirements-train.txt $(CONSTRAINTS)
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt $(CONSTRAINTS)
 	touch $@
 
 demo: $(RUN_STAMP)
@@ -56,4 +58,4 @@ flex-metadata: $(RUN_STAMP)
 	$(PY) scripts/gen_flex_metadata.py
 
 clean:
-	rm -rf $(VENV) .venv-airflow out
+	rm -rf $(VENV) .venv-airflow .venv-streaming out

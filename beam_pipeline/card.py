@@ -15,9 +15,11 @@ from collections.abc import Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.io.formats.how_to_read import snippets
 from transforms.io.manifest import read_manifest
 from transforms.io.writers import CARD_NAME, CARD_TAG
 
+CARD_ROOT = "path/to/this/folder"  # how the card's snippets name the folder it describes
 # config name -> (split -> output kind); a split is listed only when its files exist.
 # rejected/ and filtered/ are JSONL: `datasets` picks one file format for all of a card's
 # configs, so they are not configs (the card says how to load them).
@@ -69,6 +71,20 @@ def _md(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _format_section(formats: Mapping) -> list[str]:
+    """The other trainers' formats the run wrote beside the Parquet files, and how each
+    trainer reads them (the same snippets as the run's summary)."""
+    found = snippets(formats.get("how_to_read", {}), CARD_ROOT)
+    if not found:
+        return []
+    parts = ["## Other training stacks", "",
+             f"Also written: {', '.join(f'`{f}/`' for f in formats['how_to_read'])}, the same "
+             "rows in the layouts these trainers read (see `formats` in `manifest.json`).", ""]
+    for snippet in found:
+        parts += [f"{snippet.title}:", "", f"```{snippet.language}", *snippet.lines, "```", ""]
+    return parts
+
+
 def build_card(manifest: Mapping) -> str:
     records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
     tokenizer = manifest["tokenizer"]
@@ -80,7 +96,7 @@ def build_card(manifest: Mapping) -> str:
              "## Loading", "", "```python", "from datasets import load_dataset", ""]
     for config, splits in configs.items():
         for split in splits:
-            parts.append(f"load_dataset(\"path/to/this/folder\", {json.dumps(config)}, "
+            parts.append(f"load_dataset({json.dumps(CARD_ROOT)}, {json.dumps(config)}, "
                          f"split={json.dumps(split)})")
     parts += ["```", "", "| config | split | files | rows |", "|---|---|---|---|"]
     for config, splits in configs.items():
@@ -98,6 +114,7 @@ def build_card(manifest: Mapping) -> str:
         "- `rejected/*.jsonl` (not a config: JSON lines): the records that could not be used, "
         "with source, position, reason and the raw record; "
         '`load_dataset("json", data_files="rejected/*.jsonl")` reads them.', "",
+        *_format_section(manifest.get("formats", {})),
         "## Facts", "",
         "| | |", "|---|---|",
         f"| tokenizer | {_md(tokenizer.get('name'))} (vocabulary {tokenizer.get('vocab_size')}, "

@@ -20,6 +20,7 @@ from transforms.core.steps import FILE_STATS, PARTS, STATS, Part, TailPlan, tail
 from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import FILTERED, INSTRUCTION, KNOWLEDGE
 from transforms.instruction.branch import InstructionBranch
+from transforms.io.formats import stages_documents
 from transforms.io.manifest import KeepWorstFiles, sum_counters
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import (
@@ -65,7 +66,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
                              cfg.max_record_mb * MIB, FileSystems.join(cfg.output, STAGING_DIR))
     knowledge_parts, knowledge_stats = routed[KNOWLEDGE] | "KnowledgeBranch" >> KnowledgeBranch(
         cfg.tokenizer, cfg.knowledge, tail_plan(cfg, shards, KNOWLEDGE), second_read,
-        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs))
+        cfg.curation.for_branch(KNOWLEDGE, cfg.inputs), stages_documents(cfg.output_format))
     instruction_parts, instruction_stats = (
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(
@@ -96,7 +97,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     ) | "StagingShards" >> beam.Flatten()
     return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
-        beam.pvalue.AsSingleton(fields))
+        beam.pvalue.AsSingleton(fields), cfg.output_format)
 
 
 def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,

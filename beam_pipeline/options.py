@@ -27,6 +27,7 @@ from transforms.curation import options as curation_options
 from transforms.curation.options import CurationConfig, CurationOptions
 from transforms.instruction import options as instruction_options
 from transforms.instruction.options import InstructionConfig, InstructionOptions
+from transforms.io.formats import PARQUET, parse_formats
 from transforms.io.input_specs import parse_input_spec, split_input_values
 from transforms.knowledge import options as knowledge_options
 from transforms.knowledge.options import KnowledgeConfig, KnowledgeOptions
@@ -77,6 +78,14 @@ class PrepOptions(PipelineOptions):
             "--target_shard_mb", type=positive_int, default=256,
             help="Target size of one output file when --num_shards is 0 (default 256).")
         group.add_argument(
+            "--output_format", default=PARQUET,
+            help="Formats to write, comma-separated: parquet (always written; the manifest, "
+            "report and card describe it), megatron (pretraining as Megatron's indexed dataset "
+            "of documents, .bin/.idx per shard; SFT as NeMo's packed-sequence .npy), mds "
+            "(MosaicML Streaming shards with index.json), litdata (LitData's optimized "
+            "format). Each goes to OUTPUT/FORMAT/KIND/, cut into files like the Parquet "
+            "output (--num_shards, --target_shard_mb). Default parquet.")
+        group.add_argument(
             "--row_group_rows", type=positive_int, default=1024,
             help="Rows per Parquet row group, the unit a streaming reader loads (default 1024).")
         group.add_argument(
@@ -117,6 +126,7 @@ class PrepConfig:
     knowledge: KnowledgeConfig
     instruction: InstructionConfig
     curation: CurationConfig
+    output_format: tuple[str, ...]
     num_shards: int
     target_shard_mb: int
     row_group_rows: int
@@ -148,6 +158,7 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         knowledge=KnowledgeConfig.from_options(options),
         instruction=InstructionConfig.from_options(options),
         curation=CurationConfig.from_options(options),
+        output_format=parse_formats(prep.output_format),
         num_shards=prep.num_shards,
         target_shard_mb=prep.target_shard_mb,
         row_group_rows=prep.row_group_rows,

@@ -134,7 +134,7 @@ def _execute(plan: Plan) -> PrepConfig:
         if phase.name is not None:
             print(f"phase {phase.name} ({phase.config.output}):")
         manifest = read_manifest(phase.config.output)
-        for line in (*summary_lines(manifest),
+        for line in (*summary_lines(manifest, phase.config.output),
                      *(f"warning: {w}" for w in manifest.get("warnings", []))):
             print(line)
         print(publish(phase.config.output))  # the dataset card, and a line naming the report

@@ -12,7 +12,8 @@ same files built by ``bench.corpus`` from ``../shared/data``:
 5. our instruction branch, both modes;
 6. our peak memory at a quarter of those inputs (1x; the runs above are 4x);
 7. our start-up (a run of each branch on a handful of records) and ``make demo``;
-8. the training side: the load matrix (``bench.bench_load_matrix``) and one dataloader worker's
+8. the cost of each extra ``--output_format`` beside the Parquet-only run, at 1x;
+9. the training side: the load matrix (``bench.bench_load_matrix``) and one dataloader worker's
    per-epoch packing (``bench.bench_loader --epoch-packing``), appended to the report.
 
 Each output is checked (``bench.checks``) as soon as it exists; a wrong output stops the run
@@ -36,6 +37,7 @@ import numpy as np
 
 from bench import checks, corpus, proc
 from bench.report import Row, Target, render, write_section
+from transforms.io.formats import EXTRA_FORMATS, PARQUET
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "data" / "templates"
@@ -323,6 +325,43 @@ def targets_of(r: Results) -> list[Target]:
     return targets
 
 
+def extra_formats(bench: Bench, inputs: Inputs) -> str:
+    """What each ``--output_format`` beside Parquet costs: both branches' 1x inputs in one
+    in_memory run with Parquet alone, then with each extra format and with all three, as
+    ratios to the Parquet-only run measured here. Every run must balance and write the same
+    Parquet rows (the pipeline itself refuses a format whose files hold other rows)."""
+    files = _knowledge_input(inputs.knowledge_1x) + _instruction_input(inputs.instruction_1x)
+    records = inputs.knowledge_1x.records + inputs.instruction_1x.records
+    runs: dict[str, Run] = {}
+    for name in (PARQUET, *EXTRA_FORMATS, ",".join(EXTRA_FORMATS)):
+        run = bench.ours(f"formats-{name.replace(',', '-')}", files, MODES[0],
+                         f"--chat_template={CHAT_TEMPLATE}", f"--output_format=parquet,{name}")
+        checks.balanced(run.manifest, records, f"formats {name}")
+        base = runs.get(PARQUET, run)
+        for kind in ("pretrain", "sft"):
+            checks.expect_equal(f"formats {name}: {kind} rows", _rows(run, kind), _rows(base, kind))
+            for fmt in name.split(","):
+                checks.expect(fmt == PARQUET or _rows(run, f"{fmt}/{kind}") > 0,
+                              f"formats {name}: no {fmt}/{kind} rows")
+        runs[name] = run
+    one = runs[PARQUET].measured
+    lines = ["| --output_format | wall s | CPU s | peak RSS MB | wall / Parquet only | "
+             "CPU / Parquet only | peak / Parquet only | others' load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        m = run.measured
+        label = PARQUET if name == PARQUET else f"{PARQUET},{name}"
+        lines.append(f"| {label} | {m.wall_s:.1f} | {m.cpu_s:.1f} | {m.peak_rss_mb:,.0f} | "
+                     f"{m.wall_s / one.wall_s:.2f}x | {m.cpu_s / one.cpu_s:.2f}x | "
+                     f"{m.peak_rss_mb / one.peak_rss_mb:.2f}x | {m.others_cores:.2f} |")
+    return (f"\n\n### Extra output formats\n\nBoth branches' 1x inputs in one in_memory run "
+            f"({records:,} records).\n\n" + "\n".join(lines) + "\n")
+
+
+def _rows(run: Run, kind: str) -> int:
+    return sum(f["rows"] for f in run.manifest["outputs"].get(kind, []))
+
+
 def training_side(workdir: Path, quick: bool) -> str:
     """The load matrix (256 MB; 16 MB quick, its chart then under ``workdir``) and one
     worker's per-epoch packing, as markdown to append to the report."""
@@ -383,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "row, and ratios against it are suspect.",
     ]
     section = render(command, scale_note, rows_of(results, inputs), targets_of(results), notes)
+    section += extra_formats(bench, inputs)
     section += training_side(args.workdir, quick=scale != FULL_SCALE)
     print(section)
     if scale == FULL_SCALE:

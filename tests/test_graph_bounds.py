@@ -32,6 +32,8 @@ ALLOWED = {
     # The manifest's facts: the configuration and the tokenizer's identity (found in the job),
     # waited on before any output is written, so that a run's earlier outputs are cleared first.
     ("AfterJobStart", "AsSingleton"): "the configuration and the tokenizer identity",
+    # the same facts, for the extra --output_format writers (Megatron's dtype by vocabulary)
+    ("WriteOutputs/WriteFiles", "AsSingleton"): "the configuration and the tokenizer identity",
     # The output plan: one entry per written file (--num_shards, or the data's size over
     # --target_shard_mb: thousands of small dicts at 1 TB).
     ("WriteOutputs/CollectWritten", "ToList"): "one entry per output file",

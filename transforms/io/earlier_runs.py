@@ -14,6 +14,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import LABEL
+from transforms.io.formats import FORMAT_KINDS
 from transforms.io.manifest import MANIFEST_NAME
 from transforms.io.tokenizer_files import TOKENIZER_DIR
 from transforms.io.writers import (
@@ -64,9 +65,14 @@ def check_card_place(output_dir: str) -> None:
                          "card there; move the file, or choose another --output")
 
 
-# Output files are named by ``output_path`` and by nothing else: the name a run's own files have.
+# Output files are named by ``output_path`` and by nothing else: the name a run's own files have
+# (Parquet, JSONL, and the extra formats' shards: Megatron's .bin/.idx and .npy, MDS, LitData).
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
-PART_NAME = re.compile(r"part-\d{5}-of-\d{5}\.(?:parquet|jsonl)")
+PART_NAME = re.compile(r"part-\d{5}-of-\d{5}\.(?:parquet|jsonl|bin|idx|npy|mds)")
+RUN_KINDS = (*OUTPUT_KINDS, *FORMAT_KINDS)  # every folder a run writes shards into
+# a format folder's index (MDS's, LitData's index.json): only a run writes one there
+FOLDER_INDEXES = {f"{kind}/{format_kind.writer.index_name}"
+                  for kind, format_kind in FORMAT_KINDS.items() if format_kind.writer.index_name}
 REPORT_NAME = "report.html"
 REPORT_TAG = f'<meta name="generator" content="{CARD_TAG}">'  # in the data report's head
 
@@ -89,21 +95,28 @@ def _listed_files(directory: str) -> list[str]:
         outputs = [(kind, entry["path"]) for kind, entries in manifest["outputs"].items()
                    for entry in entries]
         tokenizer = list(manifest.get("tokenizer_files", []))
+        indexes = list(manifest.get("formats", {}).get("index_files", []))
     except (ValueError, KeyError, TypeError, AttributeError):
         return []  # not a complete manifest: its run's files are found by their names
-    names = [FileSystems.join(directory, kind, FileSystems.split(name)[1])
-             for kind, name in outputs
-             if kind in OUTPUT_KINDS and PART_NAME.fullmatch(FileSystems.split(name)[1])]
+    shards = [(kind, FileSystems.join(directory, kind, FileSystems.split(name)[1]))
+              for kind, name in outputs
+              if kind in RUN_KINDS and PART_NAME.fullmatch(FileSystems.split(name)[1])]
+    names = [path for _, path in shards]
+    names += [companion for kind, path in shards if kind in FORMAT_KINDS
+              for companion in FORMAT_KINDS[kind].writer.companions(path)]
+    names += [FileSystems.join(directory, index) for index in indexes if index in FOLDER_INDEXES]
     names += [FileSystems.join(directory, TOKENIZER_DIR, name) for name in tokenizer
               if isinstance(name, str) and _FILE_NAME.fullmatch(name)]
     return names
 
 
 def _part_files(directory: str) -> list[str]:
-    """Output files of a run that failed before its manifest: named as only a run names them."""
-    patterns = [FileSystems.join(directory, kind, "part-*") for kind in OUTPUT_KINDS]
-    return [m.path for result in FileSystems.match(patterns) for m in result.metadata_list
-            if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+    """Output files of a run that failed before its manifest: named as only a run names them,
+    and the format folders' indexes."""
+    patterns = [FileSystems.join(directory, kind, "part-*") for kind in RUN_KINDS]
+    found = [m.path for result in FileSystems.match(patterns) for m in result.metadata_list
+             if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+    return found + [FileSystems.join(directory, index) for index in sorted(FOLDER_INDEXES)]
 
 
 def earlier_run_files(output_dir: str) -> list[str]:
@@ -139,7 +152,7 @@ def _run_markers(output_dir: str) -> list[str]:
         found += [manifest] if FileSystems.exists(manifest) else []
         staging = FileSystems.join(directory, STAGING_DIR)
         found += [staging] if _holds_anything(staging) else []
-        for kind in OUTPUT_KINDS:
+        for kind in RUN_KINDS:
             matched = FileSystems.match([FileSystems.join(directory, kind, "part-*")],
                                         limits=[1])[0].metadata_list
             found += [m.path for m in matched
@@ -188,7 +201,8 @@ def clear_previous_outputs(output_dir: str) -> int:
 
 def _remove_empty_folders(output_dir: str) -> None:
     """Local folders that held only an earlier run's files (gs:// has no empty folders)."""
-    names = [*OUTPUT_KINDS, STAGING_DIR, TOKENIZER_DIR, "validation"]
+    format_folders = {kind.rsplit("/", depth)[0] for kind in FORMAT_KINDS for depth in (0, 1, 2)}
+    names = [*OUTPUT_KINDS, *format_folders, STAGING_DIR, TOKENIZER_DIR, "validation"]
     for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
         for name in sorted(names, key=len, reverse=True):  # validation/x before validation
             with contextlib.suppress(OSError):

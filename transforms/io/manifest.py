@@ -19,6 +19,8 @@ from transforms.core.vocabulary import (
     MASK_METHODS,
     REJECTED,
 )
+from transforms.io.formats import DOCUMENTS, format_kinds
+from transforms.io.formats.how_to_read import snippets
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -141,7 +143,8 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
     seq_len = config["instruction"]["seq_len"]
     outputs: dict[str, list] = collections.defaultdict(list)
     for entry in sorted(files, key=lambda f: f["path"]):
-        outputs[entry["kind"]].append({"path": entry["path"], "rows": entry["rows"]})
+        outputs[entry["kind"]].append({key: entry[key] for key in ("path", "rows", "tokens")
+                                       if key in entry})
     return {
         "format_version": FORMAT_VERSION,
         "complete": True,
@@ -360,6 +363,13 @@ def check_rows_written(manifest: Mapping) -> None:
                 manifest["validation"]["instruction"]["examples_written"]
     if manifest["config"].get("write_filtered"):
         expected[FILTERED] = sum(records[FILTERED].values())
+    documents = {DOCUMENTS: manifest["knowledge"]["documents"]}
+    if "validation" in manifest:
+        documents[f"validation/{DOCUMENTS}"] = manifest["validation"]["knowledge"]["documents"]
+    for format_kind in format_kinds(manifest["config"].get("output_format", ())):
+        source = format_kind.source
+        if source in expected or source in documents:
+            expected[format_kind.kind] = expected.get(source, documents.get(source))
     written = {kind: sum(f["rows"] for f in manifest["outputs"].get(kind, []))
                for kind in expected}
     wrong = {kind: (written[kind], n) for kind, n in expected.items() if written[kind] != n}
@@ -424,8 +434,9 @@ def read_manifest(output_dir: str) -> dict:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def summary_lines(manifest: Mapping) -> list[str]:
-    """The short report printed at the end of a local run."""
+def summary_lines(manifest: Mapping, output_dir: str = "OUTPUT") -> list[str]:
+    """The short report printed at the end of a local run; ``output_dir`` roots the paths of
+    the extra formats' snippets."""
     records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
     efficiency = inst["packing_efficiency"]
     lines = [
@@ -460,6 +471,11 @@ def summary_lines(manifest: Mapping) -> list[str]:
         rows = sum(f["rows"] for f in files)
         lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "
                      f"{FileSystems.split(files[0]['path'])[0]}")
+    formats = manifest.get("formats", {})
+    if formats.get("how_to_read"):
+        lines.append(f"formats written: {', '.join(formats['written'])}; to train on them:")
+    for snippet in snippets(formats.get("how_to_read", {}), output_dir):
+        lines += [f"{snippet.title}:", *(f"  {line}" for line in snippet.lines)]
     return lines
 
 

@@ -36,6 +36,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.steps import Part
 from transforms.core.vocabulary import FILTERED, REJECTED
+from transforms.io.formats import FORMAT_KINDS, format_kinds, write_folder_indexes
+from transforms.io.formats.how_to_read import how_to_read
 from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
     RowCountError,
@@ -223,13 +225,20 @@ class ShardFiles:
         return sum(f.bytes for f in self.files)
 
 
+def source_kind(kind: str) -> str:
+    """The staged kind whose rows an output kind holds: its own, or an extra format's source
+    (``mds/sft`` holds ``sft``'s rows; ``megatron/pretrain`` the staged documents)."""
+    return FORMAT_KINDS[kind].source if kind in FORMAT_KINDS else kind
+
+
 def find_staged(group: tuple[tuple[str, str], Iterable[StagedFile | None]],
                 staging_dir: str) -> ShardFiles:
-    """A shard's staged files of one kind: the runner's notices (None stands for none), plus
-    any file in the shard's staging folder whose notice it did not deliver (logged)."""
+    """A shard's staged files for one output kind: the runner's notices (None stands for none),
+    plus any file in the shard's staging folder whose notice it did not deliver (logged)."""
     (kind, shard), reported = group
     known = {f.path: f for f in reported if f is not None}
-    missing = [path for path in files_under(shard_staging_dir(staging_dir, kind, shard))
+    folder = shard_staging_dir(staging_dir, source_kind(kind), shard)
+    missing = [path for path in files_under(folder)
                if path.endswith(STAGED_SUFFIX) and path not in known]
     if missing:
         LOG.warning("the runner did not deliver %d of %d staged-file notices of %s; recovered "
@@ -281,8 +290,12 @@ def place_shards(sizes: Iterable[tuple[str, str, int, int]], num_shards: int,
 
 
 def output_path(output_dir: str, kind: str, index: int, count: int) -> str:
-    extension = "parquet" if kind in PARQUET_KINDS else "jsonl"
-    return FileSystems.join(output_dir, kind, f"part-{index:05d}-of-{count:05d}.{extension}")
+    if kind in FORMAT_KINDS:
+        format_kind = FORMAT_KINDS[kind]
+        suffix = format_kind.writer.suffix(format_kind.base)
+    else:
+        suffix = ".parquet" if kind in PARQUET_KINDS else ".jsonl"
+    return FileSystems.join(output_dir, kind, f"part-{index:05d}-of-{count:05d}{suffix}")
 
 
 def cut_shard(joined: tuple[tuple[str, str], Mapping[str, list]], output_dir: str
@@ -343,17 +356,29 @@ def even_row_groups(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]
 
 
 class WriteOutputFile(BackgroundWriter):
-    """Streams the planned slices of staged files into one output file; several files are
-    written at once, in the background."""
+    """Streams the planned slices of staged files into one output file; several Parquet and
+    JSONL files are written at once, in the background. An extra format's shard is written
+    in the foreground, since its note carries what writing it found (tokens, index entry)."""
 
     threads = limit = OUTPUT_WRITE_THREADS
 
     def __init__(self, row_group_rows: int):
         self.row_group_rows = row_group_rows
 
-    def process(self, plan: OutputFile) -> Iterator[dict]:
+    def process(self, plan: OutputFile, fields: Mapping | None = None) -> Iterator[dict]:
+        """``fields`` (the manifest's facts) gives an extra format the vocabulary size."""
+        note = {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
+        if plan.kind in FORMAT_KINDS:
+            yield {**note, **self._write_format(plan, fields["tokenizer"]["vocab_size"])}
+            return
         self.write(self._write_parquet if plan.kind in PARQUET_KINDS else self._write_jsonl, plan)
-        yield {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
+        yield note
+
+    def _write_format(self, plan: OutputFile, vocab_size: int) -> dict:
+        format_kind = FORMAT_KINDS[plan.kind]
+        written = format_kind.writer.write(plan.path, format_kind.base, self._slices(plan),
+                                           plan.rows, format_kind.columns, vocab_size)
+        return {"tokens": written.tokens, **({"entry": written.entry} if written.entry else {})}
 
     def _slices(self, plan: OutputFile) -> Iterator[pa.Table]:
         for path, start, end in plan.slices:
@@ -393,9 +418,15 @@ class WriteOutputs(beam.PTransform):
     their chunk ids) in; sharded output files and, last of all, manifest.json out."""
 
     def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
-                 row_group_rows: int, manifest_fields: dict):
+                 row_group_rows: int, manifest_fields: dict, formats: Sequence[str] = ()):
         super().__init__()
         self.output_dir = output_dir
+        # each staged kind -> the output kinds that hold its rows
+        self.readers: dict[str, list[str]] = collections.defaultdict(list)
+        for kind in OUTPUT_KINDS:
+            self.readers[kind].append(kind)
+        for format_kind in format_kinds(formats):
+            self.readers[format_kind.source].append(format_kind.kind)
         self.num_shards = num_shards
         self.target_bytes = target_shard_mb * 1024 * 1024
         self.row_group_rows = row_group_rows
@@ -408,9 +439,12 @@ class WriteOutputs(beam.PTransform):
         # Planned a shard at a time: what any one step holds is one input shard's notes, one
         # output file's slices, or one (kind, shard, rows, bytes) per input shard. Every shard
         # and kind is looked at, so files whose notices were all lost are still found.
+        kinds = [kind for readers in self.readers.values() for kind in readers]
         every_shard = shard_names | "EveryKind" >> beam.FlatMap(
-            lambda shard: (((kind, shard), None) for kind in OUTPUT_KINDS))
-        notes = staged | "ByShard" >> beam.Map(lambda f: ((f.kind, shard_of(f.order[0])), f))
+            lambda shard: (((kind, shard), None) for kind in kinds))
+        readers = dict(self.readers)
+        notes = staged | "ByShard" >> beam.FlatMap(
+            lambda f: (((kind, shard_of(f.order[0])), f) for kind in readers.get(f.kind, ())))
         shards = (
             (notes, every_shard)
             | "NotesAndShards" >> beam.Flatten()
@@ -429,7 +463,8 @@ class WriteOutputs(beam.PTransform):
             | "CutShards" >> beam.FlatMap(cut_shard, self.output_dir)
             | "ByOutputFile" >> beam.GroupByKey()
             | "PlanFiles" >> beam.MapTuple(output_file)
-            | "WriteFiles" >> beam.ParDo(WriteOutputFile(self.row_group_rows))
+            | "WriteFiles" >> beam.ParDo(WriteOutputFile(self.row_group_rows),
+                                         self.manifest_fields)
             | "CollectWritten" >> beam.combiners.ToList()
         )
         return written | "WriteManifest" >> beam.Map(
@@ -449,6 +484,11 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
     manifest["warnings"] = input_warnings(manifest)
     check_strict(manifest, fields["config"].get("strict", False))
     check_files_hold_rows(files)
+    written = fields["config"]["output_format"]
+    manifest["formats"] = {"written": list(written),
+                           "index_files": write_folder_indexes(files, output_dir),
+                           "how_to_read": how_to_read(manifest["outputs"], written,
+                                                      manifest["instruction"]["seq_len"])}
     if "run" in fields:  # the last check before publishing: does this run still own the folder?
         check_owner(fields["run"]["output"], fields["run"]["run_id"])
     config = fields["config"]
@@ -459,7 +499,10 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
 
 
 def file_rows(path: str, kind: str) -> int:
-    """The rows an output file holds, from its Parquet footer or its lines."""
+    """The rows an output file holds, from its Parquet footer, its lines or its format's
+    header."""
+    if kind in FORMAT_KINDS:
+        return FORMAT_KINDS[kind].writer.rows(path)
     with FileSystems.open(path) as handle:
         if kind in PARQUET_KINDS:
             return pq.ParquetFile(handle).metadata.num_rows
@@ -474,7 +517,7 @@ def check_files_hold_rows(files: Iterable[Mapping]) -> None:
     for entry in files:
         try:
             rows = file_rows(entry["path"], entry["kind"])
-        except (OSError, pa.ArrowInvalid) as error:
+        except (OSError, ValueError, pa.ArrowInvalid) as error:
             wrong.append(f"{entry['path']}: {error}")
             continue
         if rows != entry["rows"]:

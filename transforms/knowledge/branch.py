@@ -33,10 +33,18 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 
 from transforms.core.chunks import Chunk
 from transforms.core.lengths import length_buckets, source_length_counts
-from transforms.core.packing import Blocks, blocks_to_table, concat_blocks, cut_blocks, join_streams
+from transforms.core.packing import (
+    Blocks,
+    blocks_to_table,
+    concat_blocks,
+    cut_blocks,
+    join_documents,
+    join_streams,
+)
 from transforms.core.records import Origin, RecordChunk
 from transforms.core.steps import (
     PARTS,
@@ -59,6 +67,7 @@ from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
+from transforms.io.formats import DOCUMENTS
 from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments, SecondRead, dedup_shards
 from transforms.knowledge.dedup.minhash import file_numbering
 from transforms.knowledge.documents import DropDuplicates, document_steps
@@ -167,13 +176,17 @@ class ConcatenateBlocks(ChunkStep):
 
     The tokens after the last full block go on as the chunk's tail, to be joined with other
     chunks' tails, so at most one partial block per tail group meets the remainder policy.
+    With ``stage_documents`` (Megatron's pretraining layout is asked for), the documents
+    themselves leave too, each with its end-of-text token, in input order: the last point
+    where they exist whole, after every filter, split and mix.
     """
 
     step_name = "blocks"
 
-    def __init__(self, tokenizer: str, block_size: int):
+    def __init__(self, tokenizer: str, block_size: int, stage_documents: bool = False):
         self.tokenizer_spec = tokenizer
         self.block_size = block_size
+        self.stage_documents = stage_documents
 
     def setup(self) -> None:
         self.separator_id = end_of_text_id(load_tokenizer(self.tokenizer_spec))
@@ -185,6 +198,10 @@ class ConcatenateBlocks(ChunkStep):
         yield from _emit(self, chunk.chunk_id, blocks)
         if len(blocks.tail.tokens):
             yield beam.pvalue.TaggedOutput(TAILS, (chunk.chunk_id, blocks.tail))
+        if self.stage_documents and chunk.token_arrays:
+            table = documents_table(chunk.token_arrays, self.separator_id)
+            yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(DOCUMENTS, chunk.chunk_id),
+                                                       chunk.chunk_id, "documents", table))
 
 
 class ConcatenateTails(ChunkStep):
@@ -216,6 +233,15 @@ def _emit(step: ChunkStep, chunk_id: str, blocks: Blocks) -> Iterator[Any]:
                                                    step.step_name, blocks_to_table(blocks)))
 
 
+def documents_table(token_arrays: Sequence[np.ndarray], separator_id: int) -> pa.Table:
+    """One row per document: its tokens and the end-of-text token, as ``input_ids``."""
+    stream = join_documents(token_arrays, separator_id)
+    offsets = np.zeros(len(stream.piece_lengths) + 1, np.int32)
+    np.cumsum(stream.piece_lengths, out=offsets[1:])
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stream.tokens))
+    return pa.table({"input_ids": ids})
+
+
 def document_texts(chunk: RecordChunk) -> list[str]:
     return [record.value for record in chunk.records]
 
@@ -230,8 +256,10 @@ class KnowledgeBranch(beam.PTransform):
     """
 
     def __init__(self, tokenizer: str, config: KnowledgeConfig, tails: TailPlan,
-                 second_read: SecondRead, curation: BranchCuration | None = None):
+                 second_read: SecondRead, curation: BranchCuration | None = None,
+                 stage_documents: bool = False):
         super().__init__()
+        self.stage_documents = stage_documents
         self.tokenizer = tokenizer
         self.config = config
         self.tails = tails
@@ -270,7 +298,8 @@ class KnowledgeBranch(beam.PTransform):
         if curation.mix is not None:
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
         blocks = steps.then("ConcatenateBlocks",
-                            ConcatenateBlocks(self.tokenizer, config.block_size), TAILS)
+                            ConcatenateBlocks(self.tokenizer, config.block_size,
+                                              self.stage_documents), TAILS)
         steps.add(apply_step(blocks[TAILS] | "GatherTails" >> GatherTails(self.tails),
                              "ConcatenateTails",
                              ConcatenateTails(self.tokenizer, config.block_size, config.remainder)))
