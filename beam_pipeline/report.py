@@ -44,6 +44,7 @@ SECTIONS = (
     ("trained-share", "Trained-token share per SFT example"),
     ("packing", "Pack fill and segments per pack"),
     ("mixing", "Mixing shares against targets"),
+    ("personal-data", "Personal data and secrets"),
     ("validation", "Validation and decontamination"),
     ("tokenizer", "Tokenizer"),
 )
@@ -407,6 +408,21 @@ def _mixing(plt: Any, manifest: Mapping) -> str:
                       "tokens in", "tokens out"), rows))
 
 
+def _personal_data(manifest: Mapping) -> str:
+    """What ``--pii`` found, by kind: spans, and the documents and examples holding any."""
+    pii = manifest.get("personal_data") or {}
+    if pii.get("mode") in (None, "off"):
+        return _none("personal data was not looked for (--pii=off)")
+    know, inst = pii["knowledge"], pii["instruction"]
+    rows = [(kind, know["by_kind"].get(kind, 0), inst["by_kind"].get(kind, 0))
+            for kind in pii["kinds"]]
+    rows.append(("documents / examples holding any", know["records"], inst["records"]))
+    what = ("replaced with placeholders" if pii["mode"] == "redact"
+            else "counted and left in place (--pii=tag)")
+    return (f"<p>{html.escape(what)}</p>"
+            + _table(("kind", "knowledge", "instruction"), rows))
+
+
 def _validation(manifest: Mapping, held_sft: PackStats) -> str:
     parts = []
     held = manifest.get("validation")
@@ -471,6 +487,7 @@ def build_report(output_dir: str) -> str:
         "trained-share": _trained_share(plt, manifest, sft),
         "packing": _packing(plt, manifest, sft, pieces),
         "mixing": _mixing(plt, manifest),
+        "personal-data": _personal_data(manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),
     }

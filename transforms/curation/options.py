@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from transforms.core.option_types import (
     fraction_or_count,
     non_negative_int,
+    parsed_by,
     positive_fraction,
     positive_int,
 )
@@ -26,9 +27,30 @@ from transforms.core.vocabulary import (
 )
 from transforms.curation.decontam import DecontamConfig
 from transforms.curation.mixing import MIX_SCALES, MixConfig
+from transforms.curation.pii import MODES, PiiConfig, parse_kinds
 from transforms.io.input_specs import parse_input_spec, split_input_values
 
 GROUP = "mixing, validation split and decontamination"
+PII_GROUP = "personal data"
+_PII = PiiConfig()
+
+
+class PersonalDataOptions(PipelineOptions):
+    """Personal data and secrets, in both branches (``transforms/curation/pii.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(PII_GROUP)
+        group.add_argument(
+            "--pii", choices=MODES, default=_PII.mode,
+            help="Personal data and secrets in knowledge documents and in every message of a "
+            "conversation (never in the chat template's markup): 'redact' (default) replaces "
+            "each with a placeholder of its kind (docs/curation.md), 'tag' only counts them, "
+            "'off' does neither. The manifest counts them by kind.")
+        group.add_argument(
+            "--pii_kinds", type=parsed_by(parse_kinds), default=",".join(_PII.kinds),
+            help="Comma-separated kinds to look for (default all: "
+            f"{','.join(_PII.kinds)}).")
 
 
 class CurationOptions(PipelineOptions):
@@ -72,6 +94,7 @@ class BranchCuration:
     validation: float = 0.0
     seed: int = 0
     mix: MixConfig | None = None
+    pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +104,7 @@ class CurationConfig:
     knowledge_validation: float = 0.0
     instruction_validation: float = 0.0
     decontam: DecontamConfig | None = None
+    pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> CurationConfig:
@@ -91,12 +115,14 @@ class CurationConfig:
             decontam = DecontamConfig(
                 tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
                 opts.decontam_ngram, opts.decontam_threshold)
+        personal = options.view_as(PersonalDataOptions)
         return cls(opts.mix_scale, opts.seed, opts.knowledge_validation,
-                   opts.instruction_validation, decontam)
+                   opts.instruction_validation, decontam,
+                   PiiConfig(personal.pii, personal.pii_kinds))
 
     def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
         return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
-                              mix_config(branch, inputs, self.mix_scale, self.seed))
+                              mix_config(branch, inputs, self.mix_scale, self.seed), self.pii)
 
 
 def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,

@@ -199,6 +199,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             # --write_examples: rows of sft_examples/, the same examples as the packs hold
             "examples_written": instruction.get("examples_written", 0),
         },
+        "personal_data": _personal_data(stats, config),
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
@@ -212,6 +213,18 @@ def _efficiency(tokens: int, packs: int, seq_len: int) -> float | None:
     """``packing_efficiency``, rounded for the manifest."""
     efficiency = packing_efficiency(tokens, packs, seq_len)
     return None if efficiency is None else round(efficiency, 6)
+
+
+def _personal_data(stats: Mapping, config: Mapping) -> dict:
+    """What ``--pii`` found, per branch: spans by kind, and how many documents or examples held
+    any (``records``); ``mode`` says whether they were replaced (``redact``) or only counted."""
+    pii = (config.get("curation") or {}).get("pii") or {}
+    found = {}
+    for branch, records in (("knowledge", "documents"), ("instruction", "examples")):
+        counts = _by_prefix(stats, f"pii.{branch}.")
+        found[branch] = {"records": counts.pop(records, 0),
+                         "by_kind": {kind: counts.get(kind, 0) for kind in pii.get("kinds", ())}}
+    return {"mode": pii.get("mode"), "kinds": list(pii.get("kinds", ())), **found}
 
 
 def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Mapping,
@@ -440,6 +453,7 @@ def summary_lines(manifest: Mapping) -> list[str]:
         f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}"
         + (f", {inst['pad_tokens']:,} pad tokens" if inst.get("pad_tokens") else ""),
     ]
+    lines += _personal_data_lines(manifest)
     lines += _curation_lines(manifest)
     for kind in (REJECTED, FILTERED):
         if records[kind]:
@@ -457,6 +471,19 @@ def summary_lines(manifest: Mapping) -> list[str]:
         lines.append(f"{kind}: {len(files)} file(s), {rows:,} rows under "
                      f"{FileSystems.split(files[0]['path'])[0]}")
     return lines
+
+
+def _personal_data_lines(manifest: Mapping) -> list[str]:
+    pii = manifest.get("personal_data")
+    if not pii or pii["mode"] in (None, "off"):
+        return []
+    verb = "replaced" if pii["mode"] == "redact" else "found (tag: left in place)"
+    parts = []
+    for branch, records in (("knowledge", "documents"), ("instruction", "examples")):
+        kinds = ", ".join(f"{kind} {n:,}" for kind, n in pii[branch]["by_kind"].items() if n)
+        parts.append(f"{branch} {pii[branch]['records']:,} {records}"
+                     + (f" ({kinds})" if kinds else ""))
+    return [f"personal data {verb}: {'; '.join(parts)}"]
 
 
 def _curation_lines(manifest: Mapping) -> list[str]:

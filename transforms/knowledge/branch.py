@@ -246,7 +246,8 @@ class KnowledgeBranch(beam.PTransform):
         written = (pipeline
                    | "FindDuplicateDocuments" >> FindDuplicateDocuments(
                        read.shards, read.specs, read.chunk_records, read.max_record_bytes,
-                       self.config, self.tokenizer, read.decisions, self.token_cache)
+                       self.config, self.tokenizer, read.decisions, self.token_cache,
+                       self.curation.pii)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions), written
@@ -254,7 +255,7 @@ class KnowledgeBranch(beam.PTransform):
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         config, curation = self.config, self.curation
         steps = StepChain(chunks)
-        for label, step in document_steps(config, self.token_cache):
+        for label, step in document_steps(config, curation.pii, self.token_cache):
             steps.then(label, step)
         if self.token_cache is not None:
             drop, written = self._drop_duplicates(chunks.pipeline)

@@ -4,13 +4,15 @@ because both passes judge by them: the main pass as steps, deduplication's first
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
 from transforms.core.steps import ChunkStep
-from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, Drop
+from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, KNOWLEDGE, Drop
+from transforms.curation.pii import PiiConfig, count_found, redact
 from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
 from transforms.knowledge.dedup.minhash import chunk_number
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
@@ -34,6 +36,7 @@ class DocumentStep(ChunkStep):
             else:
                 self.drop(Rejection.of(record, verdict.reason, verdict.message), kind=FILTERED)
                 self.count(f"knowledge.dropped.{verdict.reason}")
+        self.tally(known)
         if kept:
             yield RecordChunk(chunk.chunk_id, tuple(kept))
 
@@ -41,6 +44,10 @@ class DocumentStep(ChunkStep):
         """What the step knows of a chunk before it judges its documents (what deduplication's
         first pass left for it), handed to each ``judge`` of the chunk; None by default."""
         return None
+
+    def tally(self, known: Any) -> None:
+        """Counts what ``judge`` noted in ``known`` over the chunk; nothing by default.
+        Deduplication's first pass judges with ``known`` None and counts nothing."""
 
     def judge(self, record: Record, known: Any) -> Record | Drop:
         """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
@@ -58,6 +65,30 @@ class NormalizeDocuments(DocumentStep):
         if not text:
             return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
         return dataclasses.replace(record, value=text)
+
+
+class RedactPersonalData(DocumentStep):
+    """Replaces (or, with ``tag``, only counts) personal data and secrets in each document
+    (``transforms.curation.pii``); keeps every document."""
+
+    step_name = "pii"
+
+    def __init__(self, config: PiiConfig):
+        self.config = config
+
+    def known(self, chunk: RecordChunk) -> collections.Counter:
+        return collections.Counter()  # what the chunk's documents hold, by kind
+
+    def judge(self, record: Record, found: collections.Counter | None) -> Record:
+        text, spans = redact(record.value, self.config)
+        if found is not None and spans:
+            found.update(spans)
+            found["documents"] += 1
+        return dataclasses.replace(record, value=text) if text is not record.value else record
+
+    def tally(self, found: collections.Counter) -> None:
+        for name, count in count_found(KNOWLEDGE, found).items():
+            self.count(name, count)
 
 
 class FilterQuality(DocumentStep):
@@ -86,16 +117,19 @@ class FilterQuality(DocumentStep):
         return record if reason is None else Drop(reason, describe(reason, self.config))
 
 
-def document_steps(config: KnowledgeConfig, token_cache: str | None = None
-                   ) -> list[tuple[str, DocumentStep]]:
+def document_steps(config: KnowledgeConfig, pii: PiiConfig | None = None,
+                   token_cache: str | None = None) -> list[tuple[str, DocumentStep]]:
     """The steps a knowledge document meets before deduplication, in order, with their labels.
 
     The main pass applies them as steps; deduplication's first pass judges every document by the
-    same steps (``KeyDocuments``), so a step added here is taken by both.
+    same steps (``KeyDocuments``), so a step added here is taken by both. The quality rules come
+    last: the first pass keys and tokenizes the text they judge.
     """
     steps: list[tuple[str, DocumentStep]] = []
     if config.normalize is not None:
         steps.append(("Normalize", NormalizeDocuments(config.normalize)))
+    if pii is not None and pii.active:
+        steps.append(("RedactPersonalData", RedactPersonalData(pii)))
     if config.quality is not None:
         steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
     return steps

@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
 from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
+from transforms.curation.pii import PiiConfig
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
@@ -46,13 +47,14 @@ class KeyDocuments(BackgroundWriter):
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
-                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
+                 files: Sequence[str], tokenizer: str, token_cache: str | None = None,
+                 pii: PiiConfig | None = None):
         self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config)]
+        self.steps = [step for _, step in document_steps(config, pii)]
 
     def setup(self) -> None:
         super().setup()
@@ -136,8 +138,10 @@ class FindDuplicateDocuments(beam.PTransform):
 
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
-                 tokenizer: str, decisions: str, token_cache: str | None = None):
+                 tokenizer: str, decisions: str, token_cache: str | None = None,
+                 pii: PiiConfig | None = None):
         super().__init__()
+        self.pii = pii
         self.shards = dedup_shards(shards, specs)
         self.specs = tuple(specs)
         self.decisions = decisions
@@ -153,7 +157,8 @@ class FindDuplicateDocuments(beam.PTransform):
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
-                                                        self.tokenizer, self.token_cache))
+                                                        self.tokenizer, self.token_cache,
+                                                        self.pii))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
                                                  key_buckets(len(self.shards)),
                                                  self.config.dedup.rounds)
