@@ -24,7 +24,12 @@ from transforms.core.option_types import boolean, fraction, non_negative_int, po
 from transforms.core.records import InputSpec
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.curation import options as curation_options
-from transforms.curation.options import CurationConfig, CurationOptions, PersonalDataOptions
+from transforms.curation.options import (
+    CurationConfig,
+    CurationOptions,
+    PersonalDataOptions,
+    UrlOptions,
+)
 from transforms.instruction import options as instruction_options
 from transforms.instruction.options import InstructionConfig, InstructionOptions
 from transforms.io.input_specs import parse_input_spec, split_input_values
@@ -167,6 +172,7 @@ OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
     (instruction_options.GROUP, InstructionOptions),
     (curation_options.GROUP, CurationOptions),
     (curation_options.PII_GROUP, PersonalDataOptions),
+    (curation_options.URL_GROUP, UrlOptions),
 )
 OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
 OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)

@@ -45,6 +45,7 @@ SECTIONS = (
     ("packing", "Pack fill and segments per pack"),
     ("mixing", "Mixing shares against targets"),
     ("personal-data", "Personal data and secrets"),
+    ("domains", "Domains of documents' URLs"),
     ("validation", "Validation and decontamination"),
     ("tokenizer", "Tokenizer"),
 )
@@ -423,6 +424,24 @@ def _personal_data(manifest: Mapping) -> str:
             + _table(("kind", "knowledge", "instruction"), rows))
 
 
+def _domains(manifest: Mapping) -> str:
+    """The domains with the most tokens kept and with the most documents dropped."""
+    domains = manifest.get("domains") or {}
+    if not domains.get("documents"):
+        return _none("no knowledge document carried a URL (a 'url' field or #url=FIELD)")
+    blocklist = (f"; {domains['blocklisted']:,} filtered by --url_blocklist"
+                 if domains["blocklist"] else "")
+    head = (f"<p>{domains['documents']:,} documents from {domains['distinct']:,} domains, "
+            f"{domains['kept']:,} kept with {domains['tokens']:,} tokens{blocklist}.</p>")
+    columns = ("domain", "documents", "kept", "tokens kept", "dropped")
+    tables = [f"<h3>{html.escape(title)}</h3>" + _table(columns, [
+        (e["domain"], e["documents"], e["kept"], e["tokens"], e["dropped"])
+        for e in domains[key]]) for key, title in (
+            ("top_kept", "Most tokens kept"), ("top_dropped", "Most documents dropped"))
+        if domains[key]]
+    return head + "".join(tables)
+
+
 def _validation(manifest: Mapping, held_sft: PackStats) -> str:
     parts = []
     held = manifest.get("validation")
@@ -488,6 +507,7 @@ def build_report(output_dir: str) -> str:
         "packing": _packing(plt, manifest, sft, pieces),
         "mixing": _mixing(plt, manifest),
         "personal-data": _personal_data(manifest),
+        "domains": _domains(manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),
     }

@@ -22,16 +22,16 @@ from transforms.core.option_types import (
     positive_int,
 )
 from transforms.core.records import InputSpec
-from transforms.core.vocabulary import (
-    BRANCHES,
-)
+from transforms.core.vocabulary import BRANCHES, KNOWLEDGE
 from transforms.curation.decontam import DecontamConfig
 from transforms.curation.mixing import MIX_SCALES, MixConfig
 from transforms.curation.pii import MODES, PiiConfig, parse_kinds
+from transforms.curation.urls import UrlConfig, parse_paths
 from transforms.io.input_specs import parse_input_spec, split_input_values
 
 GROUP = "mixing, validation split and decontamination"
 PII_GROUP = "personal data"
+URL_GROUP = "URLs and domains"
 _PII = PiiConfig()
 
 
@@ -51,6 +51,20 @@ class PersonalDataOptions(PipelineOptions):
             "--pii_kinds", type=parsed_by(parse_kinds), default=",".join(_PII.kinds),
             help="Comma-separated kinds to look for (default all: "
             f"{','.join(_PII.kinds)}).")
+
+
+class UrlOptions(PipelineOptions):
+    """Knowledge documents' URLs (``transforms/curation/urls.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(URL_GROUP)
+        group.add_argument(
+            "--url_blocklist", type=parsed_by(parse_paths), default=(),
+            help="Comma-separated files of blocked domains, one per line ('#' comments; the "
+            "UT1 lists' 'domains' files). A knowledge document whose 'url' field (or "
+            "#url=FIELD) names a listed domain or a subdomain of one is filtered as "
+            "'url_blocklisted' (default none).")
 
 
 class CurationOptions(PipelineOptions):
@@ -95,6 +109,7 @@ class BranchCuration:
     seed: int = 0
     mix: MixConfig | None = None
     pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
+    urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +120,7 @@ class CurationConfig:
     instruction_validation: float = 0.0
     decontam: DecontamConfig | None = None
     pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
+    urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> CurationConfig:
@@ -118,11 +134,13 @@ class CurationConfig:
         personal = options.view_as(PersonalDataOptions)
         return cls(opts.mix_scale, opts.seed, opts.knowledge_validation,
                    opts.instruction_validation, decontam,
-                   PiiConfig(personal.pii, personal.pii_kinds))
+                   PiiConfig(personal.pii, personal.pii_kinds),
+                   UrlConfig(tuple(options.view_as(UrlOptions).url_blocklist)))
 
     def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
         return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
-                              mix_config(branch, inputs, self.mix_scale, self.seed), self.pii)
+                              mix_config(branch, inputs, self.mix_scale, self.seed), self.pii,
+                              self.urls if branch == KNOWLEDGE else UrlConfig())
 
 
 def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,

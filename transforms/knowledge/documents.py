@@ -11,8 +11,16 @@ from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
 from transforms.core.steps import ChunkStep
-from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, KNOWLEDGE, Drop
+from transforms.core.vocabulary import (
+    EMPTY_AFTER_NORMALIZATION,
+    FILTERED,
+    KNOWLEDGE,
+    URL_BLOCKLISTED,
+    Drop,
+)
+from transforms.curation.options import BranchCuration
 from transforms.curation.pii import PiiConfig, count_found, redact
+from transforms.curation.urls import UrlConfig, blocked_by, load_blocklist, url_domain
 from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
 from transforms.knowledge.dedup.minhash import chunk_number
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
@@ -52,6 +60,26 @@ class DocumentStep(ChunkStep):
     def judge(self, record: Record, known: Any) -> Record | Drop:
         """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
         raise NotImplementedError
+
+
+class FilterBlockedUrls(DocumentStep):
+    """Drops a document whose URL's domain, or a parent of it, is on ``--url_blocklist``; a
+    document without a URL is kept."""
+
+    step_name = "urls"
+
+    def __init__(self, config: UrlConfig):
+        self.config = config
+
+    def setup(self) -> None:
+        self.blocklist = load_blocklist(self.config.blocklist)
+
+    def judge(self, record: Record, known: None) -> Record | Drop:
+        domain = url_domain(record.url)
+        listed = None if domain is None else blocked_by(domain, self.blocklist)
+        if listed is None:
+            return record
+        return Drop(URL_BLOCKLISTED, f"{domain} is blocked by the listed domain {listed}")
 
 
 class NormalizeDocuments(DocumentStep):
@@ -117,19 +145,24 @@ class FilterQuality(DocumentStep):
         return record if reason is None else Drop(reason, describe(reason, self.config))
 
 
-def document_steps(config: KnowledgeConfig, pii: PiiConfig | None = None,
+def document_steps(config: KnowledgeConfig, curation: BranchCuration | None = None,
                    token_cache: str | None = None) -> list[tuple[str, DocumentStep]]:
     """The steps a knowledge document meets before deduplication, in order, with their labels.
 
     The main pass applies them as steps; deduplication's first pass judges every document by the
-    same steps (``KeyDocuments``), so a step added here is taken by both. The quality rules come
-    last: the first pass keys and tokenizes the text they judge.
+    same steps (``KeyDocuments``), so a step added here is taken by both, and a blocked or
+    filtered copy can never be the one that survives its cluster. The blocklist comes first (it
+    costs a set lookup), the quality rules last: the first pass keys and tokenizes the text they
+    judge.
     """
+    curation = curation or BranchCuration()
     steps: list[tuple[str, DocumentStep]] = []
+    if curation.urls.active:
+        steps.append(("FilterBlockedUrls", FilterBlockedUrls(curation.urls)))
     if config.normalize is not None:
         steps.append(("Normalize", NormalizeDocuments(config.normalize)))
-    if pii is not None and pii.active:
-        steps.append(("RedactPersonalData", RedactPersonalData(pii)))
+    if curation.pii.active:
+        steps.append(("RedactPersonalData", RedactPersonalData(curation.pii)))
     if config.quality is not None:
         steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
     return steps

@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
 from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
-from transforms.curation.pii import PiiConfig
+from transforms.curation.options import BranchCuration
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
@@ -48,16 +48,18 @@ class KeyDocuments(BackgroundWriter):
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
                  files: Sequence[str], tokenizer: str, token_cache: str | None = None,
-                 pii: PiiConfig | None = None):
+                 curation: BranchCuration | None = None):
         self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config, pii)]
+        self.steps = [step for _, step in document_steps(config, curation)]
 
     def setup(self) -> None:
         super().setup()
+        for step in self.steps:
+            step.setup()
         dedup_config = self.config.dedup
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
@@ -139,9 +141,9 @@ class FindDuplicateDocuments(beam.PTransform):
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
                  tokenizer: str, decisions: str, token_cache: str | None = None,
-                 pii: PiiConfig | None = None):
+                 curation: BranchCuration | None = None):
         super().__init__()
-        self.pii = pii
+        self.curation = curation
         self.shards = dedup_shards(shards, specs)
         self.specs = tuple(specs)
         self.decisions = decisions
@@ -158,7 +160,7 @@ class FindDuplicateDocuments(beam.PTransform):
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
                                                         self.tokenizer, self.token_cache,
-                                                        self.pii))
+                                                        self.curation))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
                                                  key_buckets(len(self.shards)),
                                                  self.config.dedup.rounds)
