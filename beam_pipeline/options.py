@@ -27,6 +27,7 @@ from transforms.curation import options as curation_options
 from transforms.curation.options import (
     CurationConfig,
     CurationOptions,
+    LanguageOptions,
     PersonalDataOptions,
     UrlOptions,
 )
@@ -173,6 +174,7 @@ OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
     (curation_options.GROUP, CurationOptions),
     (curation_options.PII_GROUP, PersonalDataOptions),
     (curation_options.URL_GROUP, UrlOptions),
+    (curation_options.LANGUAGE_GROUP, LanguageOptions),
 )
 OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
 OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)

@@ -45,6 +45,7 @@ SECTIONS = (
     ("packing", "Pack fill and segments per pack"),
     ("mixing", "Mixing shares against targets"),
     ("personal-data", "Personal data and secrets"),
+    ("languages", "Languages of knowledge documents"),
     ("domains", "Domains of documents' URLs"),
     ("validation", "Validation and decontamination"),
     ("tokenizer", "Tokenizer"),
@@ -424,6 +425,33 @@ def _personal_data(manifest: Mapping) -> str:
             + _table(("kind", "knowledge", "instruction"), rows))
 
 
+LANGUAGES_DRAWN = 20
+
+
+def _languages(plt: Any, manifest: Mapping) -> str:
+    """Tokens per language (the most frequent ``LANGUAGES_DRAWN``), with a table of all."""
+    languages = manifest.get("languages") or {}
+    found = languages.get("by_language") or {}
+    if not found:
+        return _none("languages were not identified (--language_id=false) or no knowledge "
+                     "document was kept")
+    drawn = list(found.items())[:LANGUAGES_DRAWN]
+
+    def draw(ax):
+        _bars(ax, [code for code, _ in drawn], [c["tokens"] for _, c in drawn],
+              "tokens per language", COLORS["kept"])
+        ax.set_yscale("log")
+
+    selected = languages.get("selected")
+    filtered = (f"<p>kept only {html.escape(','.join(selected))} with score >= "
+                f"{languages['min_score']}; filtered: "
+                + ", ".join(f"{html.escape(k)} {v:,}" for k, v in languages["filtered"].items())
+                + "</p>" if selected else "")
+    return (_figure(plt, draw) + filtered
+            + _table(("language", "documents", "tokens"),
+                     [(code, c["documents"], c["tokens"]) for code, c in found.items()]))
+
+
 def _domains(manifest: Mapping) -> str:
     """The domains with the most tokens kept and with the most documents dropped."""
     domains = manifest.get("domains") or {}
@@ -507,6 +535,7 @@ def build_report(output_dir: str) -> str:
         "packing": _packing(plt, manifest, sft, pieces),
         "mixing": _mixing(plt, manifest),
         "personal-data": _personal_data(manifest),
+        "languages": _languages(plt, manifest),
         "domains": _domains(manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),

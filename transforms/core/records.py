@@ -113,6 +113,8 @@ class Record:
     raw: str | None = None  # the raw text, kept only for records that failed to read
     format: str | None = None  # set by classification: "text" or an instruction format
     url: str | None = None  # a knowledge document's ``url`` field, set by classification
+    language: str | None = None  # a knowledge document's language (ISO 639), once identified
+    language_score: float | None = None  # the language model's probability for ``language``
 
     @property
     def key(self) -> tuple[str, int]:

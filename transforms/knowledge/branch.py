@@ -146,6 +146,7 @@ class TokenizeDocuments(OverlappedStep):
                 KNOWLEDGE, lengths, (r.input_index for r in chunk.records)).items():
             self.count(name, count)
         self.count_domains(chunk.records, lengths)
+        self.count_languages(chunk.records, lengths)
         yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
 
@@ -159,6 +160,14 @@ class TokenizeDocuments(OverlappedStep):
                 self.count("domains.tokens", length)
                 self.count_domain(domain, "kept")
                 self.count_domain(domain, "tokens", length)
+
+
+    def count_languages(self, records: Sequence[Record], lengths: np.ndarray) -> None:
+        """Documents and tokens per identified language (a few hundred names at most)."""
+        for record, length in zip(records, lengths.tolist(), strict=True):
+            if record.language is not None:
+                self.count(f"language.{record.language}.documents")
+                self.count(f"language.{record.language}.tokens", length)
 
 
 def length_range(ranges: Iterable[tuple[int, int] | tuple[()]]) -> tuple[int, int] | tuple[()]:

@@ -15,9 +15,12 @@ from transforms.core.vocabulary import (
     EMPTY_AFTER_NORMALIZATION,
     FILTERED,
     KNOWLEDGE,
+    LANGUAGE_NOT_SELECTED,
+    LOW_LANGUAGE_SCORE,
     URL_BLOCKLISTED,
     Drop,
 )
+from transforms.curation.language import LanguageConfig, identify
 from transforms.curation.options import BranchCuration
 from transforms.curation.pii import PiiConfig, count_found, redact
 from transforms.curation.urls import UrlConfig, blocked_by, load_blocklist, url_domain
@@ -33,6 +36,10 @@ _UNKNOWN = object()  # no verdict from the first pass
 
 class DocumentStep(ChunkStep):
     """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
+
+    # Whether the step may drop a document or change its text: deduplication's first pass
+    # takes only such steps, as the others cannot change what it keys.
+    changes_documents = True
 
     def run(self, chunk: RecordChunk, *side_inputs: Any) -> Iterator[RecordChunk]:
         known = self.known(chunk, *side_inputs)
@@ -119,6 +126,29 @@ class RedactPersonalData(DocumentStep):
             self.count(name, count)
 
 
+class IdentifyLanguage(DocumentStep):
+    """Labels each document with its language and the model's score for it
+    (``transforms.curation.language``); with ``--languages``, drops the documents in other
+    languages or scored under ``--min_language_score``."""
+
+    step_name = "language"
+
+    def __init__(self, config: LanguageConfig):
+        self.config = config
+        self.changes_documents = config.filters
+
+    def judge(self, record: Record, known: None) -> Record | Drop:
+        language, score = identify(record.value)
+        config = self.config
+        if config.filters and language not in config.languages:
+            return Drop(LANGUAGE_NOT_SELECTED, f"identified as {language} (score {score:.2f}), "
+                        f"not one of --languages {','.join(config.languages)}")
+        if config.filters and score < config.min_score:
+            return Drop(LOW_LANGUAGE_SCORE, f"{language} with score {score:.2f} < "
+                        f"--min_language_score {config.min_score}")
+        return dataclasses.replace(record, language=language, language_score=score)
+
+
 class FilterQuality(DocumentStep):
     """The quality rules; a verdict that deduplication's first pass left in ``token_cache``
     is taken from there."""
@@ -163,6 +193,8 @@ def document_steps(config: KnowledgeConfig, curation: BranchCuration | None = No
         steps.append(("Normalize", NormalizeDocuments(config.normalize)))
     if curation.pii.active:
         steps.append(("RedactPersonalData", RedactPersonalData(curation.pii)))
+    if curation.language.identify:
+        steps.append(("IdentifyLanguage", IdentifyLanguage(curation.language)))
     if config.quality is not None:
         steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
     return steps

@@ -40,7 +40,8 @@ class KeyDocuments(BackgroundWriter):
     """Pass one of deduplication: the small keys of each document the main pass would keep.
 
     It judges each record as the main pass does, by ``classify`` and the same document steps
-    (``document_steps``), but counts nothing: the main pass does that. With a
+    (``document_steps``: those that may drop or change a document), but counts nothing: the
+    main pass does that. With a
     ``token_cache`` directory it also writes each verdict and, encoded in the background on the
     core this pass leaves idle, the kept documents' ids, for the main pass to reuse
     (``transforms.knowledge.token_cache``).
@@ -54,7 +55,8 @@ class KeyDocuments(BackgroundWriter):
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config, curation)]
+        self.steps = [step for _, step in document_steps(config, curation)
+                      if step.changes_documents]
 
     def setup(self) -> None:
         super().setup()
