@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
@@ -88,3 +89,40 @@ def test_the_manifest_counts_documents_and_tokens_per_language():
     assert languages["filtered"] == {LANGUAGE_NOT_SELECTED: 4, LOW_LANGUAGE_SCORE: 0}
     assert ("languages: ko 5 (900 tokens), en 3 (300 tokens); kept only en (score >= 0.65): "
             "4 filtered") in summary_lines(build_manifest(stats, [], config, {}))
+
+
+@pytest.fixture(scope="module")
+def language_run(tmp_path_factory):
+    """One run over real English, Korean and Chinese paragraphs that keeps English and Korean."""
+    folder = tmp_path_factory.mktemp("languages")
+    paragraphs = _paragraphs()
+    sizes = {"en": 40, "ko": 60, "zh": 50}
+    for name, count in sizes.items():
+        (folder / f"{name}.jsonl").write_text("".join(
+            json.dumps({"text": text}) + "\n" for text in paragraphs[name][1][:count]))
+    output = folder / "out"
+    run([*(f"--input={folder / name}.jsonl" for name in sizes), f"--output={output}",
+         "--languages=ko,en", "--quality_filter=false"])
+    return json.loads((output / "manifest.json").read_text()), sizes, output
+
+
+def test_a_run_keeps_only_the_languages_asked_for_and_counts_them(language_run):
+    manifest, sizes, output = language_run
+    records, languages = manifest["records"], manifest["languages"]
+    assert records["balanced"] and records["read"] == sum(sizes.values())
+    assert set(records["filtered"]) <= {LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE}
+    found = languages["by_language"]
+    assert set(found) == {"en", "ko"}
+    assert found["ko"]["documents"] == sizes["ko"]
+    # Every English and Korean paragraph kept; the few Chinese replies full of English words
+    # the model calls English are kept as such, the rest filtered.
+    zh_kept = found["en"]["documents"] - sizes["en"]
+    assert 0 <= zh_kept <= (1 - 0.9) * sizes["zh"]
+    assert sum(records["filtered"].values()) == sizes["zh"] - zh_kept
+    assert sum(c["documents"] for c in languages["by_language"].values()) \
+        == manifest["knowledge"]["documents"]
+    assert sum(c["tokens"] for c in languages["by_language"].values()) \
+        == manifest["knowledge"]["tokens"]
+    assert languages["filtered"] == {reason: records["filtered"].get(reason, 0)
+                                     for reason in (LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE)}
+    assert "<th>language</th>" in (output / "report.html").read_text()
