@@ -21,7 +21,7 @@ from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import FILTERED, INSTRUCTION, KNOWLEDGE
 from transforms.instruction.branch import InstructionBranch
 from transforms.io.formats import stages_documents
-from transforms.io.manifest import KeepWorstFiles, sum_counters
+from transforms.io.manifest import KeepTopDomains, KeepWorstFiles, sum_counters
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import (
     PARQUET_KINDS,
@@ -84,6 +84,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     stats = ((routed[STATS], knowledge_stats, instruction_stats, file_reads)
              | "AllStats" >> beam.Flatten()
              | "KeepWorstFiles" >> KeepWorstFiles(cfg.max_reject_fraction)
+             | "KeepTopDomains" >> KeepTopDomains()
              | "SumStats" >> beam.CombineGlobally(sum_counters))
     after_start = (staged
                    | "AllStaged" >> beam.Flatten()

@@ -24,7 +24,13 @@ from transforms.core.option_types import boolean, fraction, non_negative_int, po
 from transforms.core.records import InputSpec
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.curation import options as curation_options
-from transforms.curation.options import CurationConfig, CurationOptions
+from transforms.curation.options import (
+    CurationConfig,
+    CurationOptions,
+    LanguageOptions,
+    PersonalDataOptions,
+    UrlOptions,
+)
 from transforms.instruction import options as instruction_options
 from transforms.instruction.options import InstructionConfig, InstructionOptions
 from transforms.io.formats import PARQUET, parse_formats
@@ -177,6 +183,9 @@ OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
     (knowledge_options.GROUP, KnowledgeOptions),
     (instruction_options.GROUP, InstructionOptions),
     (curation_options.GROUP, CurationOptions),
+    (curation_options.PII_GROUP, PersonalDataOptions),
+    (curation_options.URL_GROUP, UrlOptions),
+    (curation_options.LANGUAGE_GROUP, LanguageOptions),
 )
 OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
 OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)

@@ -19,6 +19,7 @@ from transforms.core.records import ShardSpec
 from transforms.core.tokenizer import check_tokenizer, load_tokenizer
 from transforms.core.vocabulary import BRANCHES
 from transforms.curation.decontam import eval_index
+from transforms.curation.urls import check_blocklist
 from transforms.instruction.chat_template import (
     SYSTEM_NONE,
     check_system_prompt,
@@ -146,6 +147,8 @@ def prepare(argv: Sequence[str]) -> Plan:
                                    for index, found in phase.inputs.input_facts().items()}}
     if cfg.curation.decontam is not None:  # evaluation files that cannot be read fail here
         facts["eval_texts"] = eval_index(cfg.curation.decontam).counts()
+    if cfg.curation.urls.active:  # so do blocklists that cannot be read or parsed
+        check_blocklist(cfg.curation.urls)
     for phase in phases:  # each phase's folder (or --output) gets a dataset card
         check_card_place(phase.config.output)
     directories = dict.fromkeys([cfg.output, *(phase.config.output for phase in phases)])

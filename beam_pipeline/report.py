@@ -44,6 +44,9 @@ SECTIONS = (
     ("trained-share", "Trained-token share per SFT example"),
     ("packing", "Pack fill and segments per pack"),
     ("mixing", "Mixing shares against targets"),
+    ("personal-data", "Personal data and secrets"),
+    ("languages", "Languages of knowledge documents"),
+    ("domains", "Domains of documents' URLs"),
     ("validation", "Validation and decontamination"),
     ("tokenizer", "Tokenizer"),
 )
@@ -407,6 +410,66 @@ def _mixing(plt: Any, manifest: Mapping) -> str:
                       "tokens in", "tokens out"), rows))
 
 
+def _personal_data(manifest: Mapping) -> str:
+    """What ``--pii`` found, by kind: spans, and the documents and examples holding any."""
+    pii = manifest.get("personal_data") or {}
+    if pii.get("mode") in (None, "off"):
+        return _none("personal data was not looked for (--pii=off)")
+    know, inst = pii["knowledge"], pii["instruction"]
+    rows = [(kind, know["by_kind"].get(kind, 0), inst["by_kind"].get(kind, 0))
+            for kind in pii["kinds"]]
+    rows.append(("documents / examples holding any", know["records"], inst["records"]))
+    what = ("replaced with placeholders" if pii["mode"] == "redact"
+            else "counted and left in place (--pii=tag)")
+    return (f"<p>{html.escape(what)}</p>"
+            + _table(("kind", "knowledge", "instruction"), rows))
+
+
+LANGUAGES_DRAWN = 20
+
+
+def _languages(plt: Any, manifest: Mapping) -> str:
+    """Tokens per language (the most frequent ``LANGUAGES_DRAWN``), with a table of all."""
+    languages = manifest.get("languages") or {}
+    found = languages.get("by_language") or {}
+    if not found:
+        return _none("languages were not identified (--language_id=false) or no knowledge "
+                     "document was kept")
+    drawn = list(found.items())[:LANGUAGES_DRAWN]
+
+    def draw(ax):
+        _bars(ax, [code for code, _ in drawn], [c["tokens"] for _, c in drawn],
+              "tokens per language", COLORS["kept"])
+        ax.set_yscale("log")
+
+    selected = languages.get("selected")
+    filtered = (f"<p>kept only {html.escape(','.join(selected))} with score >= "
+                f"{languages['min_score']}; filtered: "
+                + ", ".join(f"{html.escape(k)} {v:,}" for k, v in languages["filtered"].items())
+                + "</p>" if selected else "")
+    return (_figure(plt, draw) + filtered
+            + _table(("language", "documents", "tokens"),
+                     [(code, c["documents"], c["tokens"]) for code, c in found.items()]))
+
+
+def _domains(manifest: Mapping) -> str:
+    """The domains with the most tokens kept and with the most documents dropped."""
+    domains = manifest.get("domains") or {}
+    if not domains.get("documents"):
+        return _none("no knowledge document carried a URL (a 'url' field or #url=FIELD)")
+    blocklist = (f"; {domains['blocklisted']:,} filtered by --url_blocklist"
+                 if domains["blocklist"] else "")
+    head = (f"<p>{domains['documents']:,} documents from {domains['distinct']:,} domains, "
+            f"{domains['kept']:,} kept with {domains['tokens']:,} tokens{blocklist}.</p>")
+    columns = ("domain", "documents", "kept", "tokens kept", "dropped")
+    tables = [f"<h3>{html.escape(title)}</h3>" + _table(columns, [
+        (e["domain"], e["documents"], e["kept"], e["tokens"], e["dropped"])
+        for e in domains[key]]) for key, title in (
+            ("top_kept", "Most tokens kept"), ("top_dropped", "Most documents dropped"))
+        if domains[key]]
+    return head + "".join(tables)
+
+
 def _validation(manifest: Mapping, held_sft: PackStats) -> str:
     parts = []
     held = manifest.get("validation")
@@ -471,6 +534,9 @@ def build_report(output_dir: str) -> str:
         "trained-share": _trained_share(plt, manifest, sft),
         "packing": _packing(plt, manifest, sft, pieces),
         "mixing": _mixing(plt, manifest),
+        "personal-data": _personal_data(manifest),
+        "languages": _languages(plt, manifest),
+        "domains": _domains(manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),
     }

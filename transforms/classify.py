@@ -25,6 +25,7 @@ from transforms.core.vocabulary import (
     UNCLASSIFIABLE,
     WRONG_TYPE,
 )
+from transforms.curation.urls import url_domain
 from transforms.instruction.adapters import instruction_format
 
 TEXT_FORMAT = "text"
@@ -60,7 +61,11 @@ def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
         if not isinstance(text, str):
             return Rejection.of(record, WRONG_TYPE,
                                 f"field 'text' is {type(text).__name__}, expected a string")
-        return _knowledge(record, text)
+        url = value.get("url")
+        if url is not None and not isinstance(url, str):
+            return Rejection.of(record, WRONG_TYPE,
+                                f"field 'url' is {type(url).__name__}, expected a string")
+        return _knowledge(record, text, url or None)
     if spec.branch == KNOWLEDGE:
         return Rejection.of(record, MISSING_FIELD,
                             "input declared branch=knowledge but the record has no 'text' field "
@@ -69,10 +74,11 @@ def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
                         f"no known format matches fields {sorted(value)[:10]}")
 
 
-def _knowledge(record: Record, text: str) -> tuple[str, Record] | Rejection:
+def _knowledge(record: Record, text: str,
+               url: str | None = None) -> tuple[str, Record] | Rejection:
     if not text.strip():
         return Rejection.of(record, EMPTY_RECORD, "document has no text")
-    return KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT)
+    return KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT, url=url)
 
 
 class _Classify(ChunkStep):
@@ -93,10 +99,21 @@ class _Classify(ChunkStep):
             else:
                 branch, routed_record = result
                 routed[branch].append(routed_record)
+        self.count_domains(routed[KNOWLEDGE])
         for branch, kept in routed.items():
             if kept:
                 self.count(f"{branch}.records_in", len(kept))
                 yield beam.pvalue.TaggedOutput(branch, RecordChunk(chunk.chunk_id, tuple(kept)))
+
+
+    def count_domains(self, documents: Sequence[Record]) -> None:
+        """Knowledge documents in, per domain of their URL: what the manifest's domain ranking
+        subtracts the kept documents from."""
+        for record in documents:
+            domain = url_domain(record.url)
+            if domain is not None:
+                self.count("domains.documents")
+                self.count_domain(domain, "documents")
 
 
 class ClassifyRecords(beam.PTransform):

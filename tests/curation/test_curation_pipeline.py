@@ -31,7 +31,7 @@ KNOWLEDGE_MIX = {
     "books": (f"{D}/pretrain/tinyshakespeare.txt#text_unit=paragraph", 3),
     "wiki": (f"{D}/pretrain/wikitext2_valid.txt#text_unit=paragraph", 2),
 }
-RAW = ("--normalize=false", "--quality_filter=false", "--dedup=none")
+RAW = ("--normalize=false", "--quality_filter=false", "--dedup=none", "--pii=off")
 
 
 def weighted(mix: dict, branch: str, phase: str | None = None) -> list[str]:

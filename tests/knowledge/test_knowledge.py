@@ -28,6 +28,7 @@ from tests.knowledge.test_dedup import edited, restyled
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import STATS
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
+from transforms.curation.pii import PiiConfig, redact
 from transforms.io.input_specs import parse_input_spec
 from transforms.io.planning import plan_shards
 from transforms.io.read_formats import read_shard
@@ -92,7 +93,7 @@ def expected(inputs) -> dict:
     for value in inputs["values"]:
         documents = []
         for source, position, raw in raw_records(value):
-            text = normalize_text(raw)
+            text = redact(normalize_text(raw), PiiConfig())[0]  # --pii=redact, the default
             reason = ("empty_after_normalization" if not text else quality_reason(text)
                       or ("duplicate_exact" if text in seen else None)
                       or ("duplicate_near" if (source, position) in inputs["near"] else None))

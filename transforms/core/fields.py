@@ -14,10 +14,14 @@ REASONING = "reasoning"  # a record's reasoning, for the single-reply formats
 THINKING = "thinking"  # a turn's reasoning, as OpenAI's harmony template (GPT-OSS) reads it
 # The names under which a turn's reasoning arrives, and under which templates read it.
 TURN_REASONING_FIELDS = (REASONING_CONTENT, THINKING, REASONING)
+# Canonical fields a record may lack even when its input maps them: a web page without its URL
+# is still a document.
+OPTIONAL_FIELDS = frozenset({"url"})
 
 
 def apply_field_map(value: dict, field_map: dict[str, str]) -> dict:
-    """Renames declared source fields to canonical names; a declared field must be present.
+    """Renames declared source fields to canonical names; a declared field must be present,
+    but for ``OPTIONAL_FIELDS``.
 
     ``reasoning=FIELD`` on a record that holds its turns (``messages``, ``conversations``) names
     a field of each turn instead, which becomes the turn's ``reasoning_content``.
@@ -26,12 +30,14 @@ def apply_field_map(value: dict, field_map: dict[str, str]) -> dict:
         return value
     field_map = dict(field_map)
     turn_field = field_map.pop(REASONING, None) if _holds_turns(value, field_map) else None
-    missing = [source for source in field_map.values() if source not in value]
+    missing = [source for canonical, source in field_map.items()
+               if source not in value and canonical not in OPTIONAL_FIELDS]
     if missing:
         raise KeyError(", ".join(missing))
     mapped = {k: v for k, v in value.items() if k not in field_map.values()}
     for canonical, source in field_map.items():
-        mapped[canonical] = value[source]
+        if source in value:
+            mapped[canonical] = value[source]
     if turn_field is not None:
         for key in ("messages", "conversations"):
             if isinstance(mapped.get(key), list):

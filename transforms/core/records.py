@@ -21,7 +21,7 @@ from transforms.core.vocabulary import Drop
 # instruction adapters read.
 CANONICAL_FIELDS = ("text", "messages", "conversations", "tools", "prompt", "response",
                     "completion", "instruction", "input", "output", "system", "chosen",
-                    "reasoning")
+                    "reasoning", "url")
 TEXT_UNITS = ("file", "line", "paragraph")
 
 RAW_CAP_BYTES = 4096  # how much of a rejected record's raw text is kept in rejected/
@@ -112,6 +112,9 @@ class Record:
     error: Drop | None = None  # why the record could not be read
     raw: str | None = None  # the raw text, kept only for records that failed to read
     format: str | None = None  # set by classification: "text" or an instruction format
+    url: str | None = None  # a knowledge document's ``url`` field, set by classification
+    language: str | None = None  # a knowledge document's language (ISO 639), once identified
+    language_score: float | None = None  # the language model's probability for ``language``
 
     @property
     def key(self) -> tuple[str, int]:

@@ -39,6 +39,9 @@ SAMPLES = "samples"
 # Per-file counters, keyed (input index, file path): summed into the manifest like the others
 # but never reported as Beam metrics, whose names would grow with the number of files.
 FILE_STATS = "files"
+# Per-domain counters of knowledge documents with a URL, kept out of Beam metrics for the same
+# reason; only the top domains reach the manifest (``KeepTopDomains``).
+DOMAIN_STATS = "domains"
 METRICS_NAMESPACE = "beam_pipeline"
 VALIDATION = "validation"
 VALIDATION_MARK = "|" + VALIDATION
@@ -102,6 +105,8 @@ class ChunkStep(beam.DoFn):
         self._dropped: dict[str, list[Rejection]] = collections.defaultdict(list)
         self._stats: collections.Counter = collections.Counter()
         self._samples: dict[str, list] = collections.defaultdict(list)
+        self._domains: dict[str, collections.Counter] = collections.defaultdict(
+            collections.Counter)
         chunk_id = chunk.chunk_id
         self._prefix = f"{VALIDATION}." if is_validation(chunk_id) else ""
         yield from self.run(chunk, *side_inputs)
@@ -120,6 +125,8 @@ class ChunkStep(beam.DoFn):
             self._stats[SAMPLES] = dict(self._samples)
         if files:
             self._stats[FILE_STATS] = dict(files)
+        if self._domains:
+            self._stats[DOMAIN_STATS] = dict(self._domains)
         if self._stats:
             yield beam.pvalue.TaggedOutput(STATS, self._stats)
 
@@ -133,6 +140,10 @@ class ChunkStep(beam.DoFn):
     def count(self, name: str, value: int = 1) -> None:
         """Adds to a counter; a validation chunk's counters are kept apart (``validation.``)."""
         self._stats[self._prefix + name] += value
+
+    def count_domain(self, domain: str, name: str, value: int = 1) -> None:
+        """Adds to a per-domain counter (``DOMAIN_STATS``), never a Beam metric."""
+        self._domains[domain][name] += value
 
     def sample(self, name: str, sample: dict) -> None:
         """Keeps an example for the manifest, which lists the first few by (source, position)."""

@@ -125,6 +125,13 @@ NO_TRAINED_TOKENS = _reason("no_trained_tokens", REJECTED, "no token of the exam
 
 # Policies.
 TOO_LONG = _reason("too_long", FILTERED, "a conversation over `--seq_len` that cannot be cut")
+URL_BLOCKLISTED = _reason("url_blocklisted", FILTERED,
+                          "a document whose URL's domain is on `--url_blocklist`")
+LANGUAGE_NOT_SELECTED = _reason("language_not_selected", FILTERED,
+                                "a document whose language is not one of `--languages`")
+LOW_LANGUAGE_SCORE = _reason("low_language_score", FILTERED,
+                             "a document in a selected language scored under "
+                             "`--min_language_score`")
 EMPTY_AFTER_NORMALIZATION = _reason("empty_after_normalization", FILTERED,
                                     "a document with no text left after normalisation")
 TOO_FEW_WORDS = _reason("too_few_words", FILTERED, "fewer words than `--min_words`")

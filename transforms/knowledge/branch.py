@@ -45,7 +45,7 @@ from transforms.core.packing import (
     join_documents,
     join_streams,
 )
-from transforms.core.records import Origin, RecordChunk
+from transforms.core.records import Origin, Record, RecordChunk
 from transforms.core.steps import (
     PARTS,
     TAILS,
@@ -67,6 +67,7 @@ from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
+from transforms.curation.urls import url_domain
 from transforms.io.formats import DOCUMENTS
 from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments, SecondRead, dedup_shards
 from transforms.knowledge.dedup.minhash import file_numbering
@@ -153,8 +154,29 @@ class TokenizeDocuments(OverlappedStep):
         for name, count in source_length_counts(
                 KNOWLEDGE, lengths, (r.input_index for r in chunk.records)).items():
             self.count(name, count)
+        self.count_domains(chunk.records, lengths)
+        self.count_languages(chunk.records, lengths)
         yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
+
+
+    def count_domains(self, records: Sequence[Record], lengths: np.ndarray) -> None:
+        """Documents and tokens kept, per domain of their URL (``--url_blocklist``'s ranking)."""
+        for record, length in zip(records, lengths.tolist(), strict=True):
+            domain = url_domain(record.url)
+            if domain is not None:
+                self.count("domains.kept")
+                self.count("domains.tokens", length)
+                self.count_domain(domain, "kept")
+                self.count_domain(domain, "tokens", length)
+
+
+    def count_languages(self, records: Sequence[Record], lengths: np.ndarray) -> None:
+        """Documents and tokens per identified language (a few hundred names at most)."""
+        for record, length in zip(records, lengths.tolist(), strict=True):
+            if record.language is not None:
+                self.count(f"language.{record.language}.documents")
+                self.count(f"language.{record.language}.tokens", length)
 
 
 def length_range(ranges: Iterable[tuple[int, int] | tuple[()]]) -> tuple[int, int] | tuple[()]:
@@ -274,7 +296,8 @@ class KnowledgeBranch(beam.PTransform):
         written = (pipeline
                    | "FindDuplicateDocuments" >> FindDuplicateDocuments(
                        read.shards, read.specs, read.chunk_records, read.max_record_bytes,
-                       self.config, self.tokenizer, read.decisions, self.token_cache)
+                       self.config, self.tokenizer, read.decisions, self.token_cache,
+                       self.curation)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions), written
@@ -282,7 +305,7 @@ class KnowledgeBranch(beam.PTransform):
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         config, curation = self.config, self.curation
         steps = StepChain(chunks)
-        for label, step in document_steps(config, self.token_cache):
+        for label, step in document_steps(config, curation, self.token_cache):
             steps.then(label, step)
         if self.token_cache is not None:
             drop, written = self._drop_duplicates(chunks.pipeline)

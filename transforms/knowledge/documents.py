@@ -4,13 +4,26 @@ because both passes judge by them: the main pass as steps, deduplication's first
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
 from transforms.core.steps import ChunkStep
-from transforms.core.vocabulary import EMPTY_AFTER_NORMALIZATION, FILTERED, Drop
+from transforms.core.vocabulary import (
+    EMPTY_AFTER_NORMALIZATION,
+    FILTERED,
+    KNOWLEDGE,
+    LANGUAGE_NOT_SELECTED,
+    LOW_LANGUAGE_SCORE,
+    URL_BLOCKLISTED,
+    Drop,
+)
+from transforms.curation.language import LanguageConfig, identify
+from transforms.curation.options import BranchCuration
+from transforms.curation.pii import PiiConfig, count_found, redact
+from transforms.curation.urls import UrlConfig, blocked_by, load_blocklist, url_domain
 from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
 from transforms.knowledge.dedup.minhash import chunk_number
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
@@ -24,6 +37,10 @@ _UNKNOWN = object()  # no verdict from the first pass
 class DocumentStep(ChunkStep):
     """A step that keeps, rewrites or drops (as ``filtered``) each document of a chunk."""
 
+    # Whether the step may drop a document or change its text: deduplication's first pass
+    # takes only such steps, as the others cannot change what it keys.
+    changes_documents = True
+
     def run(self, chunk: RecordChunk, *side_inputs: Any) -> Iterator[RecordChunk]:
         known = self.known(chunk, *side_inputs)
         kept = []
@@ -34,6 +51,7 @@ class DocumentStep(ChunkStep):
             else:
                 self.drop(Rejection.of(record, verdict.reason, verdict.message), kind=FILTERED)
                 self.count(f"knowledge.dropped.{verdict.reason}")
+        self.tally(known)
         if kept:
             yield RecordChunk(chunk.chunk_id, tuple(kept))
 
@@ -42,9 +60,33 @@ class DocumentStep(ChunkStep):
         first pass left for it), handed to each ``judge`` of the chunk; None by default."""
         return None
 
+    def tally(self, known: Any) -> None:
+        """Counts what ``judge`` noted in ``known`` over the chunk; nothing by default.
+        Deduplication's first pass judges with ``known`` None and counts nothing."""
+
     def judge(self, record: Record, known: Any) -> Record | Drop:
         """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
         raise NotImplementedError
+
+
+class FilterBlockedUrls(DocumentStep):
+    """Drops a document whose URL's domain, or a parent of it, is on ``--url_blocklist``; a
+    document without a URL is kept."""
+
+    step_name = "urls"
+
+    def __init__(self, config: UrlConfig):
+        self.config = config
+
+    def setup(self) -> None:
+        self.blocklist = load_blocklist(self.config.blocklist)
+
+    def judge(self, record: Record, known: None) -> Record | Drop:
+        domain = url_domain(record.url)
+        listed = None if domain is None else blocked_by(domain, self.blocklist)
+        if listed is None:
+            return record
+        return Drop(URL_BLOCKLISTED, f"{domain} is blocked by the listed domain {listed}")
 
 
 class NormalizeDocuments(DocumentStep):
@@ -58,6 +100,53 @@ class NormalizeDocuments(DocumentStep):
         if not text:
             return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
         return dataclasses.replace(record, value=text)
+
+
+class RedactPersonalData(DocumentStep):
+    """Replaces (or, with ``tag``, only counts) personal data and secrets in each document
+    (``transforms.curation.pii``); keeps every document."""
+
+    step_name = "pii"
+
+    def __init__(self, config: PiiConfig):
+        self.config = config
+
+    def known(self, chunk: RecordChunk) -> collections.Counter:
+        return collections.Counter()  # what the chunk's documents hold, by kind
+
+    def judge(self, record: Record, found: collections.Counter | None) -> Record:
+        text, spans = redact(record.value, self.config)
+        if found is not None and spans:
+            found.update(spans)
+            found["documents"] += 1
+        return dataclasses.replace(record, value=text) if text is not record.value else record
+
+    def tally(self, found: collections.Counter) -> None:
+        for name, count in count_found(KNOWLEDGE, found).items():
+            self.count(name, count)
+
+
+class IdentifyLanguage(DocumentStep):
+    """Labels each document with its language and the model's score for it
+    (``transforms.curation.language``); with ``--languages``, drops the documents in other
+    languages or scored under ``--min_language_score``."""
+
+    step_name = "language"
+
+    def __init__(self, config: LanguageConfig):
+        self.config = config
+        self.changes_documents = config.filters
+
+    def judge(self, record: Record, known: None) -> Record | Drop:
+        language, score = identify(record.value)
+        config = self.config
+        if config.filters and language not in config.languages:
+            return Drop(LANGUAGE_NOT_SELECTED, f"identified as {language} (score {score:.2f}), "
+                        f"not one of --languages {','.join(config.languages)}")
+        if config.filters and score < config.min_score:
+            return Drop(LOW_LANGUAGE_SCORE, f"{language} with score {score:.2f} < "
+                        f"--min_language_score {config.min_score}")
+        return dataclasses.replace(record, language=language, language_score=score)
 
 
 class FilterQuality(DocumentStep):
@@ -86,16 +175,26 @@ class FilterQuality(DocumentStep):
         return record if reason is None else Drop(reason, describe(reason, self.config))
 
 
-def document_steps(config: KnowledgeConfig, token_cache: str | None = None
-                   ) -> list[tuple[str, DocumentStep]]:
+def document_steps(config: KnowledgeConfig, curation: BranchCuration | None = None,
+                   token_cache: str | None = None) -> list[tuple[str, DocumentStep]]:
     """The steps a knowledge document meets before deduplication, in order, with their labels.
 
     The main pass applies them as steps; deduplication's first pass judges every document by the
-    same steps (``KeyDocuments``), so a step added here is taken by both.
+    same steps (``KeyDocuments``), so a step added here is taken by both, and a blocked or
+    filtered copy can never be the one that survives its cluster. The blocklist comes first (it
+    costs a set lookup), the quality rules last: the first pass keys and tokenizes the text they
+    judge.
     """
+    curation = curation or BranchCuration()
     steps: list[tuple[str, DocumentStep]] = []
+    if curation.urls.active:
+        steps.append(("FilterBlockedUrls", FilterBlockedUrls(curation.urls)))
     if config.normalize is not None:
         steps.append(("Normalize", NormalizeDocuments(config.normalize)))
+    if curation.pii.active:
+        steps.append(("RedactPersonalData", RedactPersonalData(curation.pii)))
+    if curation.language.identify:
+        steps.append(("IdentifyLanguage", IdentifyLanguage(curation.language)))
     if config.quality is not None:
         steps.append(("QualityFilter", FilterQuality(config.quality, token_cache)))
     return steps

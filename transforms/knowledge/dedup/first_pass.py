@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.classify import classify
 from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
 from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
+from transforms.curation.options import BranchCuration
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
@@ -39,23 +40,28 @@ class KeyDocuments(BackgroundWriter):
     """Pass one of deduplication: the small keys of each document the main pass would keep.
 
     It judges each record as the main pass does, by ``classify`` and the same document steps
-    (``document_steps``), but counts nothing: the main pass does that. With a
+    (``document_steps``: those that may drop or change a document), but counts nothing: the
+    main pass does that. With a
     ``token_cache`` directory it also writes each verdict and, encoded in the background on the
     core this pass leaves idle, the kept documents' ids, for the main pass to reuse
     (``transforms.knowledge.token_cache``).
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
-                 files: Sequence[str], tokenizer: str, token_cache: str | None = None):
+                 files: Sequence[str], tokenizer: str, token_cache: str | None = None,
+                 curation: BranchCuration | None = None):
         self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config)]
+        self.steps = [step for _, step in document_steps(config, curation)
+                      if step.changes_documents]
 
     def setup(self) -> None:
         super().setup()
+        for step in self.steps:
+            step.setup()
         dedup_config = self.config.dedup
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
@@ -136,8 +142,10 @@ class FindDuplicateDocuments(beam.PTransform):
 
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
-                 tokenizer: str, decisions: str, token_cache: str | None = None):
+                 tokenizer: str, decisions: str, token_cache: str | None = None,
+                 curation: BranchCuration | None = None):
         super().__init__()
+        self.curation = curation
         self.shards = dedup_shards(shards, specs)
         self.specs = tuple(specs)
         self.decisions = decisions
@@ -153,7 +161,8 @@ class FindDuplicateDocuments(beam.PTransform):
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
-                                                        self.tokenizer, self.token_cache))
+                                                        self.tokenizer, self.token_cache,
+                                                        self.curation))
             | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
                                                  key_buckets(len(self.shards)),
                                                  self.config.dedup.rounds)

