@@ -86,7 +86,11 @@ def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 def format_value(value: object) -> str:
     """A default as a template parameter string that the option's type parses back."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple | list):  # a comma-separated option's parsed value
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def required_names() -> set[str]:

@@ -29,13 +29,8 @@ ALLOWED = {
     # counters of at most FILES_LISTED files per input (KeepWorstFiles sums them per file).
     ("SumStats", "CombineGlobally"): "counters",
     ("WriteOutputs/WriteManifest", "AsSingleton"): "the counters above",
-    # Domains of documents' URLs: summed per domain through the shuffle first; only the
-    # DOMAINS_LISTED with the most tokens kept and with the most documents dropped, and the
-    # number of domains, meet on one worker.
-    ("KeepTopDomains/MostKept", "Of"): "DOMAINS_LISTED domains",
-    ("KeepTopDomains/MostDropped", "Of"): "DOMAINS_LISTED domains",
-    ("KeepTopDomains/OnceEach", "CombineGlobally"): "the two rankings above",
-    ("KeepTopDomains/CountDomains", "Globally"): "one int",
+    # Domains of documents' URLs are summed per domain through the shuffle first; then one key
+    # ranks them, holding at most twice DOMAINS_LISTED domains per ranking and one count.
     # The manifest's facts: the configuration and the tokenizer's identity (found in the job),
     # waited on before any output is written, so that a run's earlier outputs are cleared first.
     ("AfterJobStart", "AsSingleton"): "the configuration and the tokenizer identity",

@@ -159,5 +159,6 @@ def test_a_template_that_never_ends_rejects_its_records_and_the_run_goes_on(tmp_
                    for line in f.open()]
     assert rejected["reason"] == "template_error"
     assert rejected["position"] == len(jsonl(lines[0]))
-    assert rejected["message"] == ("chat template exceeded the time limit on the conversation: "
-                                   f"one render took more than {limit:g} s of CPU time")
+    assert rejected["message"].startswith(
+        "chat template exceeded the time limit on the conversation: one render took more than "
+        f"{limit:g} s of CPU time; if the template cannot render such records, pass ")

@@ -984,8 +984,10 @@ def test_an_endless_template_is_stopped_by_the_time_limit(toks, monkeypatch, bod
     results = encode_conversations(tok, hostile_batch(), DEFAULT)
     assert time.perf_counter() - start < 10 * limit  # "finished"; a render takes ~0.1 ms
     failed = assert_only_the_evil_one_fails(toks, results)
-    assert failed.message == ("chat template exceeded the time limit on the conversation: "
-                              f"one render took more than {limit:g} s of CPU time")
+    assert failed.message.startswith("chat template exceeded the time limit on the "
+                                     f"conversation: one render took more than {limit:g} s "
+                                     "of CPU time; if the template cannot render such records, "
+                                     "pass --chat_template chatml,")
 
 
 def test_the_time_limit_never_fires_after_a_render(toks, monkeypatch):

@@ -92,13 +92,16 @@ class Renderer:
     def with_fix(self, drop: Drop) -> Drop:
         """``drop`` with the option that would avoid it, for the reasons about templates."""
         builtin = self._builtin_with_tools
-        template = (f"--chat_template {builtin}, the built-in template of this tokenizer's "
-                    "family with tool support" if builtin else "a --chat_template that does")
+        named = f"--chat_template {builtin}, " if builtin else "a --chat_template "
         fixes = {
-            TOOLS_NOT_RENDERED: f"pass {template}",
+            TOOLS_NOT_RENDERED: f"pass {named}" + ("the built-in template of this tokenizer's "
+                                                   "family, which renders tools" if builtin
+                                                   else "that renders tools"),
             TURN_NOT_LOCATED: "pass --assistant_turns=last to train only the last reply, or a "
             "--chat_template marked with {% generation %} (docs/masking.md)",
-            TEMPLATE_ERROR: f"if the template cannot render such records, pass {template}",
+            TEMPLATE_ERROR: "if the template cannot render such records, pass "
+            + (f"{named}the built-in template of this tokenizer's family" if builtin
+               else "a --chat_template that can"),
             CONTROL_TOKEN_TEXT: "pass a --chat_template that writes content as it is",
         }
         fix = fixes.get(drop.reason)
