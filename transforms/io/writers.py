@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.steps import Part
+from transforms.core.steps import Part, base_kind
 from transforms.core.vocabulary import FILTERED, REJECTED
 from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
@@ -54,6 +54,7 @@ PARQUET_KINDS = ("pretrain", "sft", "sft_examples", "validation/pretrain", "vali
 PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once all complete
 JSONL_KINDS = (REJECTED, FILTERED)
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
+PARTITIONED_KINDS = ("pretrain", "validation/pretrain")  # may hold partition folders
 COMPRESSION = "zstd"
 # Staged files are Arrow IPC with zstd buffers: about 5x faster to write and 8x to read than
 # Parquet here (no page encoding), and no larger. Only the outputs need to be Parquet.
@@ -103,6 +104,17 @@ class Progress:
             self.last = now
             counts = ", ".join(f"{k} {v:,} rows" for k, v in sorted(self.totals.items()))
             LOG.info("%s so far in this worker: %s", self.what, counts)
+
+
+def is_parquet(kind: str) -> bool:
+    return base_kind(kind) in PARQUET_KINDS
+
+
+def output_kinds(partitions: Sequence[str] = ()) -> tuple[str, ...]:
+    """Every kind a run may write: ``OUTPUT_KINDS`` and, with partitions, each partition's
+    folder under the kinds that hold them (``pretrain/language=en``)."""
+    return OUTPUT_KINDS + tuple(f"{kind}/{partition}" for kind in PARTITIONED_KINDS
+                                for partition in partitions)
 
 
 def shard_of(chunk_id: str) -> str:
@@ -281,7 +293,7 @@ def place_shards(sizes: Iterable[tuple[str, str, int, int]], num_shards: int,
 
 
 def output_path(output_dir: str, kind: str, index: int, count: int) -> str:
-    extension = "parquet" if kind in PARQUET_KINDS else "jsonl"
+    extension = "parquet" if is_parquet(kind) else "jsonl"
     return FileSystems.join(output_dir, kind, f"part-{index:05d}-of-{count:05d}.{extension}")
 
 
@@ -352,7 +364,7 @@ class WriteOutputFile(BackgroundWriter):
         self.row_group_rows = row_group_rows
 
     def process(self, plan: OutputFile) -> Iterator[dict]:
-        self.write(self._write_parquet if plan.kind in PARQUET_KINDS else self._write_jsonl, plan)
+        self.write(self._write_parquet if is_parquet(plan.kind) else self._write_jsonl, plan)
         yield {"kind": plan.kind, "path": plan.path, "rows": plan.rows}
 
     def _slices(self, plan: OutputFile) -> Iterator[pa.Table]:
@@ -393,8 +405,9 @@ class WriteOutputs(beam.PTransform):
     their chunk ids) in; sharded output files and, last of all, manifest.json out."""
 
     def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
-                 row_group_rows: int, manifest_fields: dict):
+                 row_group_rows: int, manifest_fields: dict, kinds: Sequence[str] = OUTPUT_KINDS):
         super().__init__()
+        self.kinds = tuple(kinds)
         self.output_dir = output_dir
         self.num_shards = num_shards
         self.target_bytes = target_shard_mb * 1024 * 1024
@@ -409,7 +422,7 @@ class WriteOutputs(beam.PTransform):
         # output file's slices, or one (kind, shard, rows, bytes) per input shard. Every shard
         # and kind is looked at, so files whose notices were all lost are still found.
         every_shard = shard_names | "EveryKind" >> beam.FlatMap(
-            lambda shard: (((kind, shard), None) for kind in OUTPUT_KINDS))
+            lambda shard, kinds: (((kind, shard), None) for kind in kinds), self.kinds)
         notes = staged | "ByShard" >> beam.Map(lambda f: ((f.kind, shard_of(f.order[0])), f))
         shards = (
             (notes, every_shard)
@@ -461,7 +474,7 @@ def _finish(files: list[dict], stats: dict, output_dir: str, staging_dir: str,
 def file_rows(path: str, kind: str) -> int:
     """The rows an output file holds, from its Parquet footer or its lines."""
     with FileSystems.open(path) as handle:
-        if kind in PARQUET_KINDS:
+        if is_parquet(kind):
             return pq.ParquetFile(handle).metadata.num_rows
         return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
 
