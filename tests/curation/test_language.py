@@ -15,6 +15,7 @@ from transforms.core.steps import base_kind, output_kind, partition_of, partitio
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
 from transforms.curation.language import LANGUAGES, LanguageConfig, identify, parse_languages
 from transforms.curation.options import LanguageOptions, language_config
+from transforms.io.earlier_runs import earlier_run_files
 from transforms.io.manifest import build_manifest, summary_lines
 from transforms.knowledge.documents import IdentifyLanguage
 
@@ -159,3 +160,12 @@ def test_partitions_are_named_in_chunk_ids_and_need_known_languages():
     with pytest.raises(ValueError, match="--partition_by_language needs --languages"):
         language_config(PipelineOptions(["--partition_by_language=true"]).view_as(
             LanguageOptions))
+
+
+def test_an_earlier_runs_partition_files_are_found_and_a_users_files_are_not(tmp_path):
+    ours = tmp_path / "pretrain" / "language=en" / "part-00000-of-00001.parquet"
+    theirs = tmp_path / "pretrain" / "notes" / "part-00000-of-00001.parquet"
+    for path in (ours, theirs):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+    assert earlier_run_files(str(tmp_path)) == [str(ours)]
