@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.core.steps import base_kind
 from transforms.io.formats.how_to_read import snippets
 from transforms.io.manifest import read_manifest
 from transforms.io.writers import CARD_NAME, CARD_TAG
@@ -30,12 +31,16 @@ CONFIGS = {
 
 
 def card_configs(manifest: Mapping) -> dict[str, dict[str, str]]:
-    """config -> split -> file pattern relative to the output directory, for written parts."""
-    written = {kind for kind, files in manifest["outputs"].items() if files}
-    return {config: {split: f"{kind}/*.parquet"
-                     for split, kind in splits.items() if kind in written}
+    """config -> split -> file pattern relative to the output directory, for written parts
+    (a kind written in partition folders, ``pretrain/language=en/``, by a pattern over them)."""
+    patterns: dict[str, str] = {}
+    for kind, files in manifest["outputs"].items():
+        if files:
+            base = base_kind(kind)
+            patterns[base] = f"{base}/*.parquet" if base == kind else f"{base}/*/*.parquet"
+    return {config: {split: patterns[kind] for split, kind in splits.items() if kind in patterns}
             for config, splits in CONFIGS.items()
-            if splits["train"] in written}
+            if splits["train"] in patterns}
 
 
 def declared_licenses(manifest: Mapping) -> list[str]:
@@ -101,7 +106,8 @@ def build_card(manifest: Mapping) -> str:
     parts += ["```", "", "| config | split | files | rows |", "|---|---|---|---|"]
     for config, splits in configs.items():
         for split, pattern in splits.items():
-            files = manifest["outputs"][CONFIGS[config][split]]
+            files = [f for kind, listed in manifest["outputs"].items()
+                     if base_kind(kind) == CONFIGS[config][split] for f in listed]
             parts.append(f"| {config} | {split} | `{pattern}` ({len(files)}) | "
                          f"{sum(f['rows'] for f in files):,} |")
     parts += [

@@ -24,10 +24,11 @@ from transforms.io.formats import stages_documents
 from transforms.io.manifest import KeepTopDomains, KeepWorstFiles, sum_counters
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import (
-    PARQUET_KINDS,
     STAGING_DIR,
     StagePart,
     WriteOutputs,
+    is_parquet,
+    output_kinds,
     shard_of,
 )
 from transforms.knowledge.branch import KnowledgeBranch
@@ -94,11 +95,13 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
         (chunks
          | "ShardNames" >> beam.Map(lambda chunk: shard_of(chunk.chunk_id))
          | "DistinctShards" >> beam.Distinct()),
-        p | "TailGroups" >> beam.Create(tail_group_ids(tail_buckets(shards)))
+        p | "TailGroups" >> beam.Create(tail_group_ids(tail_buckets(shards),
+                                                       cfg.curation.partitions))
     ) | "StagingShards" >> beam.Flatten()
     return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
-        beam.pvalue.AsSingleton(fields), cfg.output_format)
+        beam.pvalue.AsSingleton(fields), cfg.output_format,
+        output_kinds(cfg.curation.partitions))
 
 
 def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,
@@ -122,7 +125,7 @@ def _after(element: object, _: object) -> object:
 
 def _count_tokens(part: Part) -> Part:
     """Counts the tokens of training rows for the progress line, and passes the part on."""
-    if part.kind in PARQUET_KINDS and part.table.num_rows:
+    if is_parquet(part.kind) and part.table.num_rows:
         tokens = pc.sum(pc.list_value_length(part.table["input_ids"])).as_py() or 0
         progress.count(tokens_written=tokens)
     return part

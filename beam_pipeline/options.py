@@ -157,14 +157,19 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
     values = split_input_values(prep.input)
     if not values:
         raise ValueError("--input names no files")
+    curation = CurationConfig.from_options(options)
+    formats = parse_formats(prep.output_format)
+    if curation.partitions and formats != (PARQUET,):
+        raise ValueError("--partition_by_language writes Parquet only: drop --output_format, or "
+                         "run once per language with --languages=XX for another format")
     return PrepConfig(
         inputs=tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
         output=prep.output.rstrip("/"),
         tokenizer=prep.tokenizer,
         knowledge=KnowledgeConfig.from_options(options),
         instruction=InstructionConfig.from_options(options),
-        curation=CurationConfig.from_options(options),
-        output_format=parse_formats(prep.output_format),
+        curation=curation,
+        output_format=formats,
         num_shards=prep.num_shards,
         target_shard_mb=prep.target_shard_mb,
         row_group_rows=prep.row_group_rows,

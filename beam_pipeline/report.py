@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.card import write_card
+from transforms.core.steps import base_kind
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.io.earlier_runs import REPORT_NAME, REPORT_TAG, check_card_place
 from transforms.io.manifest import read_manifest
@@ -142,10 +143,12 @@ def scan_blocks(paths: Sequence[str]) -> collections.Counter:
 
 
 def _paths(output_dir: str, manifest: Mapping, kind: str) -> list[str]:
-    """The files the manifest lists, found under ``output_dir`` wherever the run wrote them,
-    so a copied or downloaded output folder reports on itself."""
-    return [FileSystems.join(output_dir, kind, FileSystems.split(entry["path"])[1])
-            for entry in manifest["outputs"].get(kind, [])]
+    """The files the manifest lists of ``kind`` and its partitions, found under
+    ``output_dir`` wherever the run wrote them, so a copied or downloaded output folder reports
+    on itself."""
+    return [FileSystems.join(output_dir, listed, FileSystems.split(entry["path"])[1])
+            for listed, entries in manifest["outputs"].items() if base_kind(listed) == kind
+            for entry in entries]
 
 
 # --------------------------------------------------------------------------- plots

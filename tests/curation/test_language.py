@@ -4,13 +4,19 @@ reasons, and the manifest's counts per language."""
 
 import json
 
+import pyarrow.dataset as ds
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
+from transforms.core.steps import base_kind, output_kind, partition_of, partitioned_id
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
 from transforms.curation.language import LANGUAGES, LanguageConfig, identify, parse_languages
+from transforms.curation.options import LanguageOptions, language_config
+from transforms.io.earlier_runs import earlier_run_files
 from transforms.io.manifest import build_manifest, summary_lines
 from transforms.knowledge.documents import IdentifyLanguage
 
@@ -93,7 +99,8 @@ def test_the_manifest_counts_documents_and_tokens_per_language():
 
 @pytest.fixture(scope="module")
 def language_run(tmp_path_factory):
-    """One run over real English, Korean and Chinese paragraphs that keeps English and Korean."""
+    """One run over real English, Korean and Chinese paragraphs that keeps English and Korean,
+    each in its own partition folder."""
     folder = tmp_path_factory.mktemp("languages")
     paragraphs = _paragraphs()
     sizes = {"en": 40, "ko": 60, "zh": 50}
@@ -102,7 +109,7 @@ def language_run(tmp_path_factory):
             json.dumps({"text": text}) + "\n" for text in paragraphs[name][1][:count]))
     output = folder / "out"
     run([*(f"--input={folder / name}.jsonl" for name in sizes), f"--output={output}",
-         "--languages=ko,en", "--quality_filter=false"])
+         "--languages=ko,en", "--quality_filter=false", "--partition_by_language=true"])
     return json.loads((output / "manifest.json").read_text()), sizes, output
 
 
@@ -126,3 +133,44 @@ def test_a_run_keeps_only_the_languages_asked_for_and_counts_them(language_run):
     assert languages["filtered"] == {reason: records["filtered"].get(reason, 0)
                                      for reason in (LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE)}
     assert "<th>language</th>" in (output / "report.html").read_text()
+
+
+def test_each_language_is_written_to_its_own_partition_read_back_by_pyarrow(language_run):
+    manifest, _, output = language_run
+    assert set(manifest["outputs"]) == {"pretrain/language=en", "pretrain/language=ko"}
+    table = ds.dataset(output / "pretrain", format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == manifest["knowledge"]["blocks"]
+    block_size = manifest["knowledge"]["block_size"]
+    assert all(sum(lengths) == block_size for lengths in table["seq_lengths"].to_pylist())
+    rows = {language: table.filter(ds.field("language") == language).num_rows
+            for language in ("en", "ko")}
+    # blocks hold one language each: a language's rows are at most its tokens / block size
+    for language, count in rows.items():
+        tokens = manifest["languages"]["by_language"][language]["tokens"]
+        assert 0 < count <= (tokens + manifest["languages"]["by_language"][language][
+            "documents"]) // block_size
+
+
+def test_partitions_are_named_in_chunk_ids_and_need_known_languages():
+    chunk = partitioned_id("000:a.jsonl:000000000000000:7|validation", "language=en")
+    assert chunk == "000:a.jsonl:000000000000000:7|language=en|validation"
+    assert partition_of(chunk) == "language=en"
+    assert output_kind("pretrain", chunk) == "validation/pretrain/language=en"
+    assert partition_of("000:a|b=c.jsonl:000000000000000:7") is None  # a path is no partition
+    assert base_kind("pretrain/language=ko") == "pretrain" and base_kind("sft") == "sft"
+    with pytest.raises(ValueError, match="--partition_by_language needs --languages"):
+        language_config(PipelineOptions(["--partition_by_language=true"]).view_as(
+            LanguageOptions))
+    with pytest.raises(ValueError, match="writes Parquet only"):
+        config_from_options(PipelineOptions([
+            "--input=x.jsonl", "--output=out", "--language_id=true", "--languages=en",
+            "--partition_by_language=true", "--output_format=megatron"]))
+
+
+def test_an_earlier_runs_partition_files_are_found_and_a_users_files_are_not(tmp_path):
+    ours = tmp_path / "pretrain" / "language=en" / "part-00000-of-00001.parquet"
+    theirs = tmp_path / "pretrain" / "notes" / "part-00000-of-00001.parquet"
+    for path in (ours, theirs):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+    assert earlier_run_files(str(tmp_path)) == [str(ours)]

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import hashlib
 import pickle
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -73,9 +74,35 @@ def is_validation(chunk_id: str) -> bool:
     return chunk_id.endswith(VALIDATION_MARK)
 
 
+# A Hive-style partition (``language=en``): a folder of its own under an output kind. A chunk
+# bound for one carries it in its id, before any validation mark.
+PARTITION = re.compile(r"[a-z_]+=[a-z0-9_-]+")
+
+
+def partitioned_id(chunk_id: str, partition: str) -> str:
+    """``chunk_id`` for the rows of one partition: ``shard:n|language=en[|validation]``."""
+    base = chunk_id.removesuffix(VALIDATION_MARK)
+    return f"{base}|{partition}{chunk_id[len(base):]}"
+
+
+def partition_of(chunk_id: str) -> str | None:
+    """The partition a chunk's rows go to, or None."""
+    _, bar, last = chunk_id.removesuffix(VALIDATION_MARK).rpartition("|")
+    return last if bar and PARTITION.fullmatch(last) else None
+
+
 def output_kind(kind: str, chunk_id: str) -> str:
-    """Where a chunk's rows of ``kind`` go: ``kind`` itself, or ``validation/kind``."""
-    return f"{VALIDATION}/{kind}" if is_validation(chunk_id) else kind
+    """Where a chunk's rows of ``kind`` go: ``kind`` itself or ``validation/kind``, and under
+    it the chunk's partition folder, if any (``pretrain/language=en``)."""
+    kind = f"{VALIDATION}/{kind}" if is_validation(chunk_id) else kind
+    partition = partition_of(chunk_id)
+    return kind if partition is None else f"{kind}/{partition}"
+
+
+def base_kind(kind: str) -> str:
+    """The output kind without its partition folder: ``pretrain/language=en`` -> ``pretrain``."""
+    head, _, last = kind.rpartition("/")
+    return head if head and PARTITION.fullmatch(last) else kind
 
 
 def rejections_table(rejections: Iterable[Rejection]) -> pa.Table:
@@ -293,15 +320,16 @@ def tail_bucket(chunk_id: str, buckets: int) -> int:
     return int.from_bytes(digest[:8], "big") % buckets
 
 
-def tail_group_id(bucket: int, validation: bool) -> str:
+def tail_group_id(bucket: int, validation: bool, partition: str | None = None) -> str:
     """The chunk id of a bucket's ``TailGroup``: after every input chunk in output order."""
-    return f"~tails-{bucket:05d}{VALIDATION_MARK if validation else ''}"
+    group = f"~tails-{bucket:05d}{VALIDATION_MARK if validation else ''}"
+    return group if partition is None else partitioned_id(group, partition)
 
 
-def tail_group_ids(buckets: int) -> list[str]:
+def tail_group_ids(buckets: int, partitions: Sequence[str] = ()) -> list[str]:
     """Every chunk id ``GatherTails`` may give its groups."""
-    return [tail_group_id(bucket, validation) for bucket in range(buckets)
-            for validation in (False, True)]
+    return [tail_group_id(bucket, validation, partition) for bucket in range(buckets)
+            for validation in (False, True) for partition in (None, *partitions)]
 
 
 def spill_tail(tail: tuple[str, Any], spill_dir: str) -> tuple[str, str]:
@@ -329,7 +357,7 @@ class GatherTails(beam.PTransform):
     chunks grow with the dataset (with them in the shuffle, a 48-copy instruction run peaked
     380 MB above a 12-copy one); a group holds about ``SHARDS_PER_TAIL_BUCKET`` shards'
     leftovers. Sorting by chunk id inside each group keeps the result independent of arrival
-    order.
+    order. Leftovers of the validation split and of each partition are grouped apart.
     """
 
     def __init__(self, plan: TailPlan):
@@ -342,7 +370,8 @@ class GatherTails(beam.PTransform):
             tails
             | "Spill" >> beam.Map(spill_tail, self.plan.spill_dir)
             | "Bucket" >> beam.Map(lambda note: (
-                (tail_bucket(note[0], buckets), is_validation(note[0])), note))
+                (tail_bucket(note[0], buckets), is_validation(note[0]), partition_of(note[0])),
+                note))
             | "Group" >> beam.GroupByKey()
             | "Order" >> beam.MapTuple(lambda key, group: TailGroup(
                 tail_group_id(*key), tuple(read_tail(path) for _, path in sorted(group)))))

@@ -43,15 +43,22 @@ _KANA = re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
 @dataclasses.dataclass(frozen=True)
 class LanguageConfig:
     """``identify`` labels every document; ``languages`` (when given) keeps only those whose
-    language is listed and scored at least ``min_score``."""
+    language is listed and scored at least ``min_score``; ``partition`` writes each language's
+    blocks to a folder of its own."""
 
     identify: bool = True
     languages: tuple[str, ...] = ()
     min_score: float = DEFAULT_MIN_SCORE
+    partition: bool = False
 
     @property
     def filters(self) -> bool:
         return self.identify and bool(self.languages)
+
+
+def language_partition(language: str) -> str:
+    """The Hive-style folder of a language's rows: ``language=en``."""
+    return f"language={language}"
 
 
 def parse_languages(text: str) -> tuple[str, ...]:

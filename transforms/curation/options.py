@@ -26,7 +26,7 @@ from transforms.core.option_types import (
 from transforms.core.records import InputSpec
 from transforms.core.vocabulary import BRANCHES, KNOWLEDGE
 from transforms.curation.decontam import DecontamConfig
-from transforms.curation.language import LanguageConfig, parse_languages
+from transforms.curation.language import LanguageConfig, language_partition, parse_languages
 from transforms.curation.mixing import MIX_SCALES, MixConfig
 from transforms.curation.pii import MODES, PiiConfig, parse_kinds
 from transforms.curation.urls import UrlConfig, parse_paths
@@ -93,6 +93,12 @@ class LanguageOptions(PipelineOptions):
             help="With --languages: a document in a kept language is filtered as "
             "'low_language_score' when the model's probability for it is lower (default "
             f"{_LANGUAGE.min_score}, FineWeb's).")
+        group.add_argument(
+            "--partition_by_language", type=boolean, default=_LANGUAGE.partition,
+            help="Write each language's pretraining blocks to pretrain/language=XX/ (Hive-style "
+            "folders that pyarrow.dataset reads as a 'language' column); needs --languages, so "
+            "that the folders are known before the run; Parquet only, no --output_format "
+            "(default false).")
 
 
 class CurationOptions(PipelineOptions):
@@ -169,6 +175,12 @@ class CurationConfig:
                    UrlConfig(tuple(options.view_as(UrlOptions).url_blocklist)),
                    language_config(options.view_as(LanguageOptions)))
 
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The partition folders the knowledge branch may write under pretrain/."""
+        return (tuple(language_partition(code) for code in self.language.languages)
+                if self.language.partition else ())
+
     def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
         return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
                               mix_config(branch, inputs, self.mix_scale, self.seed), self.pii,
@@ -176,11 +188,16 @@ class CurationConfig:
 
 
 def language_config(opts: LanguageOptions) -> LanguageConfig:
-    """ValueError for --languages without identification."""
+    """ValueError for --languages without identification, and for partitions not known before
+    the run."""
     if opts.languages and not opts.language_id:
         raise ValueError("--languages needs --language_id=true: a language is known only once "
                          "it is identified")
-    return LanguageConfig(opts.language_id, tuple(opts.languages), opts.min_language_score)
+    if opts.partition_by_language and not opts.languages:
+        raise ValueError("--partition_by_language needs --languages (e.g. --languages=en,ko): "
+                         "each language's folder is planned before the run")
+    return LanguageConfig(opts.language_id, tuple(opts.languages), opts.min_language_score,
+                          opts.partition_by_language)
 
 
 def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,

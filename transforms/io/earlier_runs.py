@@ -14,6 +14,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import LABEL
+from transforms.core.steps import PARTITION, base_kind
 from transforms.io.formats import FORMAT_KINDS
 from transforms.io.manifest import MANIFEST_NAME
 from transforms.io.tokenizer_files import TOKENIZER_DIR
@@ -21,6 +22,7 @@ from transforms.io.writers import (
     CARD_NAME,
     CARD_TAG,
     OUTPUT_KINDS,
+    PARTITIONED_KINDS,
     PHASES_NAME,
     STAGING_DIR,
     files_under,
@@ -98,9 +100,9 @@ def _listed_files(directory: str) -> list[str]:
         indexes = list(manifest.get("formats", {}).get("index_files", []))
     except (ValueError, KeyError, TypeError, AttributeError):
         return []  # not a complete manifest: its run's files are found by their names
-    shards = [(kind, FileSystems.join(directory, kind, FileSystems.split(name)[1]))
+    shards = [(base_kind(kind), FileSystems.join(directory, kind, FileSystems.split(name)[1]))
               for kind, name in outputs
-              if kind in RUN_KINDS and PART_NAME.fullmatch(FileSystems.split(name)[1])]
+              if base_kind(kind) in RUN_KINDS and PART_NAME.fullmatch(FileSystems.split(name)[1])]
     names = [path for _, path in shards]
     names += [companion for kind, path in shards if kind in FORMAT_KINDS
               for companion in FORMAT_KINDS[kind].writer.companions(path)]
@@ -113,10 +115,22 @@ def _listed_files(directory: str) -> list[str]:
 def _part_files(directory: str) -> list[str]:
     """Output files of a run that failed before its manifest: named as only a run names them,
     and the format folders' indexes."""
-    patterns = [FileSystems.join(directory, kind, "part-*") for kind in RUN_KINDS]
-    found = [m.path for result in FileSystems.match(patterns) for m in result.metadata_list
-             if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+    found = [m.path for result in FileSystems.match(_part_patterns(directory))
+             for m in result.metadata_list if _is_part(directory, m.path)]
     return found + [FileSystems.join(directory, index) for index in sorted(FOLDER_INDEXES)]
+
+
+def _part_patterns(directory: str) -> list[str]:
+    """Where a run's output files lie: in each kind's folder, and in its partition folders."""
+    return ([FileSystems.join(directory, kind, "part-*") for kind in RUN_KINDS]
+            + [FileSystems.join(directory, kind, "*=*", "part-*") for kind in PARTITIONED_KINDS])
+
+
+def _is_part(directory: str, path: str) -> bool:
+    """A file named as only a run names its outputs, in a kind's folder or partition folder."""
+    folder, name = FileSystems.split(path)
+    kind = folder[len(directory):].strip("/")
+    return bool(PART_NAME.fullmatch(name)) and base_kind(kind) in RUN_KINDS
 
 
 def earlier_run_files(output_dir: str) -> list[str]:
@@ -152,11 +166,9 @@ def _run_markers(output_dir: str) -> list[str]:
         found += [manifest] if FileSystems.exists(manifest) else []
         staging = FileSystems.join(directory, STAGING_DIR)
         found += [staging] if _holds_anything(staging) else []
-        for kind in RUN_KINDS:
-            matched = FileSystems.match([FileSystems.join(directory, kind, "part-*")],
-                                        limits=[1])[0].metadata_list
-            found += [m.path for m in matched
-                      if PART_NAME.fullmatch(FileSystems.split(m.path)[1])]
+        for pattern in _part_patterns(directory):
+            matched = FileSystems.match([pattern], limits=[1])[0].metadata_list
+            found += [m.path for m in matched if _is_part(directory, m.path)]
     return found
 
 
@@ -204,7 +216,11 @@ def _remove_empty_folders(output_dir: str) -> None:
     format_folders = {kind.rsplit("/", depth)[0] for kind in FORMAT_KINDS for depth in (0, 1, 2)}
     names = [*OUTPUT_KINDS, *format_folders, STAGING_DIR, TOKENIZER_DIR, "validation"]
     for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
-        for name in sorted(names, key=len, reverse=True):  # validation/x before validation
+        partitions = [os.path.join(kind, name) for kind in PARTITIONED_KINDS
+                      if os.path.isdir(os.path.join(directory, kind))
+                      for name in os.listdir(os.path.join(directory, kind))
+                      if PARTITION.fullmatch(name)]
+        for name in sorted([*partitions, *names], key=len, reverse=True):  # inner ones first
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(directory, name))
 

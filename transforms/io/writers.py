@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.steps import Part
+from transforms.core.steps import Part, base_kind
 from transforms.core.vocabulary import FILTERED, REJECTED
 from transforms.io.formats import FORMAT_KINDS, format_kinds, write_folder_indexes
 from transforms.io.formats.how_to_read import how_to_read
@@ -56,6 +56,7 @@ PARQUET_KINDS = ("pretrain", "sft", "sft_examples", "validation/pretrain", "vali
 PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once all complete
 JSONL_KINDS = (REJECTED, FILTERED)
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
+PARTITIONED_KINDS = ("pretrain", "validation/pretrain")  # may hold partition folders
 COMPRESSION = "zstd"
 # Staged files are Arrow IPC with zstd buffers: about 5x faster to write and 8x to read than
 # Parquet here (no page encoding), and no larger. Only the outputs need to be Parquet.
@@ -105,6 +106,17 @@ class Progress:
             self.last = now
             counts = ", ".join(f"{k} {v:,} rows" for k, v in sorted(self.totals.items()))
             LOG.info("%s so far in this worker: %s", self.what, counts)
+
+
+def is_parquet(kind: str) -> bool:
+    return base_kind(kind) in PARQUET_KINDS
+
+
+def output_kinds(partitions: Sequence[str] = ()) -> tuple[str, ...]:
+    """Every kind a run may write: ``OUTPUT_KINDS`` and, with partitions, each partition's
+    folder under the kinds that hold them (``pretrain/language=en``)."""
+    return OUTPUT_KINDS + tuple(f"{kind}/{partition}" for kind in PARTITIONED_KINDS
+                                for partition in partitions)
 
 
 def shard_of(chunk_id: str) -> str:
@@ -294,7 +306,7 @@ def output_path(output_dir: str, kind: str, index: int, count: int) -> str:
         format_kind = FORMAT_KINDS[kind]
         suffix = format_kind.writer.suffix(format_kind.base)
     else:
-        suffix = ".parquet" if kind in PARQUET_KINDS else ".jsonl"
+        suffix = ".parquet" if is_parquet(kind) else ".jsonl"
     return FileSystems.join(output_dir, kind, f"part-{index:05d}-of-{count:05d}{suffix}")
 
 
@@ -371,7 +383,7 @@ class WriteOutputFile(BackgroundWriter):
         if plan.kind in FORMAT_KINDS:
             yield {**note, **self._write_format(plan, fields["tokenizer"]["vocab_size"])}
             return
-        self.write(self._write_parquet if plan.kind in PARQUET_KINDS else self._write_jsonl, plan)
+        self.write(self._write_parquet if is_parquet(plan.kind) else self._write_jsonl, plan)
         yield note
 
     def _write_format(self, plan: OutputFile, vocab_size: int) -> dict:
@@ -418,12 +430,13 @@ class WriteOutputs(beam.PTransform):
     their chunk ids) in; sharded output files and, last of all, manifest.json out."""
 
     def __init__(self, output_dir: str, num_shards: int, target_shard_mb: int,
-                 row_group_rows: int, manifest_fields: dict, formats: Sequence[str] = ()):
+                 row_group_rows: int, manifest_fields: dict, formats: Sequence[str] = (),
+                 kinds: Sequence[str] = OUTPUT_KINDS):
         super().__init__()
         self.output_dir = output_dir
         # each staged kind -> the output kinds that hold its rows
         self.readers: dict[str, list[str]] = collections.defaultdict(list)
-        for kind in OUTPUT_KINDS:
+        for kind in kinds:  # partition folders included (pretrain/language=en)
             self.readers[kind].append(kind)
         for format_kind in format_kinds(formats):
             self.readers[format_kind.source].append(format_kind.kind)
@@ -504,7 +517,7 @@ def file_rows(path: str, kind: str) -> int:
     if kind in FORMAT_KINDS:
         return FORMAT_KINDS[kind].writer.rows(path)
     with FileSystems.open(path) as handle:
-        if kind in PARQUET_KINDS:
+        if is_parquet(kind):
             return pq.ParquetFile(handle).metadata.num_rows
         return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
 

@@ -60,10 +60,12 @@ from transforms.core.steps import (
     TailPlan,
     apply_step,
     output_kind,
+    partitioned_id,
 )
 from transforms.core.tokenizer import end_of_text_id, load_tokenizer, pad_token_id
 from transforms.core.vocabulary import KNOWLEDGE
 from transforms.curation.decontam import Decontaminate
+from transforms.curation.language import language_partition
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.splits import SplitOff, content_digest
@@ -89,6 +91,7 @@ class TokenizedChunk(Chunk):
     chunk_id: str
     token_arrays: tuple[np.ndarray, ...]
     origins: tuple[Origin, ...] = ()  # per document, for mixing's accounting
+    languages: tuple[str | None, ...] = ()  # per document, for --partition_by_language
 
     def record_tokens(self) -> np.ndarray:
         """Tokens each document puts into blocks: its own plus one end-of-text."""
@@ -101,7 +104,8 @@ class TokenizedChunk(Chunk):
 
     def take(self, indices: Sequence[int]) -> TokenizedChunk:
         return TokenizedChunk(self.chunk_id, tuple(self.token_arrays[i] for i in indices),
-                              tuple(self.origins[i] for i in indices))
+                              tuple(self.origins[i] for i in indices),
+                              tuple(self.languages[i] for i in indices) if self.languages else ())
 
     def counts(self) -> dict[str, int]:
         return {"knowledge.documents": len(self.token_arrays),
@@ -156,7 +160,8 @@ class TokenizeDocuments(OverlappedStep):
             self.count(name, count)
         self.count_domains(chunk.records, lengths)
         self.count_languages(chunk.records, lengths)
-        yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records))
+        yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records),
+                             tuple(r.language for r in chunk.records))
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
 
 
@@ -191,6 +196,23 @@ def _length_range_stats(found: tuple[int, int] | tuple[()]) -> dict[str, int]:
     if not found:
         return {}
     return {"knowledge.document_tokens_min": found[0], "knowledge.document_tokens_max": found[1]}
+
+
+class PartitionByLanguage(ChunkStep):
+    """Splits a chunk's documents by language, in input order within each, so that a block
+    holds one language and is written to ``pretrain/language=XX/``; each language's
+    leftovers are joined apart too (``GatherTails``)."""
+
+    step_name = "partition"
+
+    def run(self, chunk: TokenizedChunk) -> Iterator[TokenizedChunk]:
+        by_language: dict[str, list[int]] = {}
+        for index, language in enumerate(chunk.languages):
+            by_language.setdefault(language, []).append(index)
+        for language in sorted(by_language):
+            part = chunk.take(by_language[language])
+            yield dataclasses.replace(part, chunk_id=partitioned_id(
+                chunk.chunk_id, language_partition(language)))
 
 
 class ConcatenateBlocks(ChunkStep):
@@ -320,6 +342,8 @@ class KnowledgeBranch(beam.PTransform):
                                                                   curation.seed))
         if curation.mix is not None:
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        if curation.language.partition:
+            steps.then("PartitionByLanguage", PartitionByLanguage())
         blocks = steps.then("ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size,
                                               self.stage_documents), TAILS)
