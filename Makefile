@@ -27,15 +27,15 @@ $(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt requirements-train.txt requireme
 
 demo: $(RUN_STAMP)
 	$(PY) -m beam_pipeline \
-	  --input examples/data/c4_sample.jsonl \
-	  --input 'examples/data/tinyshakespeare_excerpt.txt#text_unit=paragraph' \
-	  --input examples/data/alpaca_seed_tasks.json \
-	  --input examples/data/messages_sample.json \
-	  --input examples/data/sharegpt_sample.json \
-	  --input examples/data/toolcall_sample.json \
-	  --input 'examples/data/gsm8k_sample.jsonl#branch=instruction;prompt=question;response=answer' \
-	  --input 'examples/data/ko_chatbot_sample.csv#branch=instruction;prompt=Q;response=A' \
-	  --input examples/data/broken_lines.jsonl \
+	  --input 'examples/data/c4_sample.jsonl#license=odc-by' \
+	  --input 'examples/data/tinyshakespeare_excerpt.txt#text_unit=paragraph;license=mit' \
+	  --input 'examples/data/alpaca_seed_tasks.json#license=apache-2.0' \
+	  --input 'examples/data/messages_sample.json#license=apache-2.0' \
+	  --input 'examples/data/sharegpt_sample.json#license=apache-2.0' \
+	  --input 'examples/data/toolcall_sample.json#license=apache-2.0' \
+	  --input 'examples/data/gsm8k_sample.jsonl#branch=instruction;prompt=question;response=answer;license=mit' \
+	  --input 'examples/data/ko_chatbot_sample.csv#branch=instruction;prompt=Q;response=A;license=mit' \
+	  --input 'examples/data/broken_lines.jsonl#license=apache-2.0' \
 	  --output out/demo --overwrite=true
 
 lint: $(DEV_STAMP)

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import html
 import io
+import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.card import write_card
+from transforms.core.lengths import SHORT_REPLY_TOKENS
 from transforms.core.steps import base_kind
 from transforms.core.vocabulary import IGNORE_INDEX
 from transforms.io.earlier_runs import REPORT_NAME, REPORT_TAG, check_card_place
@@ -191,6 +193,45 @@ def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str, c
     ax.set_xlabel(xlabel)
 
 
+def _hbars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str,
+           color: str | Sequence[str], xlabel: str) -> None:
+    """Horizontal bars, the first label on top: for names too long or too many to stand
+    under vertical bars (reasons, sources, domains)."""
+    ax.barh(list(labels)[::-1], list(values)[::-1],
+            color=color if isinstance(color, str) else list(color)[::-1])
+    ax.set_xlim(left=0)  # all-zero values would otherwise centre the axis on 0
+    _integer_ticks(ax.xaxis)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+
+
+def _integer_ticks(axis: Any) -> None:
+    """Ticks on whole numbers: half a document or half a pack is not a count."""
+    from matplotlib.ticker import MaxNLocator  # matplotlib is optional: imported when drawing
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+MAX_COUNT_BARS = 60  # above this many distinct values, counts are binned in equal integer widths
+
+
+def _count_bars(ax: Any, counts: Mapping[int, int], title: str, color: str,
+                xlabel: str) -> None:
+    """How many rows have each value of an integer quantity, on a numeric x axis: a bar per
+    value while they are few, bins of equal integer width once hundreds of values would make
+    one bar per value (or one label per category) unreadable."""
+    values = np.fromiter(counts.keys(), np.int64, len(counts))
+    rows = np.fromiter(counts.values(), np.int64, len(counts))
+    low, span = int(values.min()), int(values.max() - values.min()) + 1
+    width = math.ceil(span / MAX_COUNT_BARS)
+    edges = low - 0.5 + width * np.arange(math.ceil(span / width) + 1)  # values mid-bin
+    heights = np.histogram(values, edges, weights=rows)[0]
+    ax.bar(edges[:-1], heights, width=width, align="edge", color=color)
+    _integer_ticks(ax.xaxis)
+    ax.set_title(title if width == 1 else f"{title} (bins of {width})")
+    ax.set_xlabel(xlabel)
+
+
 def _share_labels() -> list[str]:
     """Each bin by its upper bound in percent, every other one named so the labels fit."""
     return [f"{round(hi * 100)}" if i % 2 else "" for i, hi in enumerate(SHARE_BINS[1:])]
@@ -250,13 +291,12 @@ def _records(plt: Any, manifest: Mapping) -> str:
     parts = []
     if reasons:
         def by_reason(ax):
-            ax.barh([r[0] for r in reasons][::-1], [r[1] for r in reasons][::-1],
-                    color=[COLORS[r[2]] for r in reasons][::-1])
-            ax.set_title("records dropped, by reason (red: rejected, amber: filtered)")
-            ax.set_xlabel("records")
+            _hbars(ax, [r[0] for r in reasons], [r[1] for r in reasons],
+                   "records dropped, by reason (red: rejected, amber: filtered)",
+                   [COLORS[r[2]] for r in reasons], "records")
         parts.append(_figure(plt, by_reason, height=0.6 + 0.25 * len(reasons)))
     inputs = manifest["inputs"]
-    names = [entry.get("name") or FileSystems.split(entry["pattern"])[1] for entry in inputs]
+    names = [_source_name(entry) for entry in inputs]
     rejected = [sum(e["rejected"].values()) for e in inputs]
     filtered = [sum(e["filtered"].values()) for e in inputs]
     kept = [e["read"] - r - f for e, r, f in zip(inputs, rejected, filtered, strict=True)]
@@ -287,12 +327,37 @@ def _records(plt: Any, manifest: Mapping) -> str:
     return "".join(parts)
 
 
+def _source_name(entry: Mapping) -> str:
+    """An input as the charts name it: its ``name``, or its pattern's last part."""
+    return entry.get("name") or FileSystems.split(entry["pattern"])[1]
+
+
 def _reasons(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{reason} {n:,}" for reason, n in counts.items())
 
 
 def _histogram_labels(histogram: Mapping[str, int]) -> tuple[list[str], list[int]]:
     return [key.removeprefix("<=") for key in histogram], list(histogram.values())
+
+
+def _sft_lengths(ax: Any, sft: PackStats) -> None:
+    """SFT example lengths with a marker at ``seq_len``, where truncated examples pile up.
+    The count axis is logarithmic: a few long conversations beside thousands of short ones
+    would otherwise be invisible bars. The length axis stays linear, in equal bins up to
+    ``seq_len``, so that the room left below the marker reads as tokens."""
+    if not sft.examples:
+        ax.set_title("SFT: no examples")
+        return
+    edges = sft.length_edges
+    ax.bar(edges[:-1], sft.example_lengths, width=np.diff(edges), align="edge",
+           color=COLORS["kept"])
+    ax.axvline(sft.seq_len, color=COLORS["rejected"], linestyle="--",
+               label=f"seq_len {sft.seq_len:,}")
+    ax.set_yscale("log")
+    ax.set_title(f"SFT examples as packed ({sft.examples:,})")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("examples (log)")
+    ax.legend(loc="upper right")
 
 
 def _lengths(plt: Any, manifest: Mapping, sft: PackStats) -> str:
@@ -306,13 +371,9 @@ def _lengths(plt: Any, manifest: Mapping, sft: PackStats) -> str:
                       COLORS["share"], "tokens")
             else:
                 ax_know.set_title("knowledge: no documents")
-            edges = sft.length_edges
-            ax_sft.bar(edges[:-1], sft.example_lengths, width=np.diff(edges), align="edge",
-                       color=COLORS["kept"])
-            ax_sft.set_title(f"SFT examples as packed ({sft.examples:,})")
-            ax_sft.set_xlabel("tokens")
+            _sft_lengths(ax_sft, sft)
         parts.append(_figure(plt, per_branch, columns=2))
-    sources = [(e.get("name") or FileSystems.split(e["pattern"])[1], branch, found)
+    sources = [(_source_name(e), branch, found)
                for e in manifest["inputs"]
                for branch, found in e.get("tokenized", {}).items()]
     if sources:
@@ -351,28 +412,50 @@ def _trained_share(plt: Any, manifest: Mapping, sft: PackStats) -> str:
                         if v)
     return _figure(plt, draw) + _table(None, [
         ("trained tokens of all SFT tokens written", sft.trained / sft.tokens),
-        ("loss-mask methods used", methods or "none")])
+        ("loss-mask methods used", methods or "none")]) + _sft_sources(plt, manifest)
+
+
+def _sft_sources(plt: Any, manifest: Mapping) -> str:
+    """Per ``--input``, the share of its tokens that carry loss and its examples truncated at
+    ``seq_len``: a source that trains on little of its text, or loses its long conversations,
+    stands out. Counted as tokenized, before the validation split and mixing."""
+    # Manifests written before the per-input truncation counters lack them: none counted.
+    sources = [(_source_name(e), {"truncated": 0, "truncated_tokens": 0,
+                                  **e["tokenized"]["instruction"]})
+               for e in manifest["inputs"] if "instruction" in e.get("tokenized", {})]
+    if not sources:
+        return ""
+    names = [name for name, _ in sources]
+
+    def draw(ax_trained, ax_truncated):
+        _hbars(ax_trained, names, [100 * f["trained_tokens"] / f["tokens"] for _, f in sources],
+               "trained share of each source's tokens", COLORS["share"], "% of tokens")
+        _hbars(ax_truncated, names, [100 * f["truncated"] / f["records"] for _, f in sources],
+               "truncated at seq_len", COLORS["rejected"], "% of the source's examples")
+    rows = [(name, f["records"], f["tokens"], f["trained_tokens"],
+             f["trained_tokens"] / f["tokens"], f["truncated"], f["truncated_tokens"],
+             f["short_replies"]) for name, f in sources]
+    return (_figure(plt, draw, height=0.9 + 0.3 * len(sources), columns=2)
+            + _table(("source", "examples", "tokens", "trained tokens", "trained share",
+                      "truncated", "tokens cut", f"replies of <= {SHORT_REPLY_TOKENS} tokens"),
+                     rows))
 
 
 def _packing(plt: Any, manifest: Mapping, sft: PackStats, pieces: collections.Counter) -> str:
     parts = []
     if sft.packs:
-        counts = sorted(sft.segments_per_pack.items())
-
         def draw(ax_fill, ax_segments):
             _bars(ax_fill, _share_labels(), sft.fill, "packs by fill", COLORS["kept"],
                   "% of seq_len holding example tokens (up to)")
-            _bars(ax_segments, [str(k) for k, _ in counts], [v for _, v in counts],
-                  "packs by examples per pack", COLORS["share"], "examples")
+            _count_bars(ax_segments, sft.segments_per_pack, "packs by examples per pack",
+                        COLORS["share"], "examples")
         parts.append(_figure(plt, draw, columns=2))
     else:
         parts.append(_none("no SFT packs were written"))
     if pieces:
-        ordered = sorted(pieces.items())
-
         def draw_blocks(ax):
-            _bars(ax, [str(k) for k, _ in ordered], [v for _, v in ordered],
-                  "pretraining blocks by document pieces per block", COLORS["share"], "pieces")
+            _count_bars(ax, pieces, "pretraining blocks by document pieces per block",
+                        COLORS["share"], "pieces")
         parts.append(_figure(plt, draw_blocks, height=2.6))
     inst, know = manifest["instruction"], manifest["knowledge"]
     parts.append(_table(None, [
@@ -432,7 +515,8 @@ LANGUAGES_DRAWN = 20
 
 
 def _languages(plt: Any, manifest: Mapping) -> str:
-    """Tokens per language (the most frequent ``LANGUAGES_DRAWN``), with a table of all."""
+    """Documents and tokens per language (the ``LANGUAGES_DRAWN`` with the most tokens), with
+    a table of all: many short documents of a language weigh little in tokens."""
     languages = manifest.get("languages") or {}
     found = languages.get("by_language") or {}
     if not found:
@@ -440,23 +524,25 @@ def _languages(plt: Any, manifest: Mapping) -> str:
                      "document was kept")
     drawn = list(found.items())[:LANGUAGES_DRAWN]
 
-    def draw(ax):
-        _bars(ax, [code for code, _ in drawn], [c["tokens"] for _, c in drawn],
-              "tokens per language", COLORS["kept"])
-        ax.set_yscale("log")
+    def draw(*axes):
+        for ax, metric in zip(axes, ("documents", "tokens"), strict=True):
+            _bars(ax, [code for code, _ in drawn], [c[metric] for _, c in drawn],
+                  f"{metric} per language (log)", COLORS["kept"])
+            ax.set_yscale("log")
 
     selected = languages.get("selected")
     filtered = (f"<p>kept only {html.escape(','.join(selected))} with score >= "
                 f"{languages['min_score']}; filtered: "
                 + ", ".join(f"{html.escape(k)} {v:,}" for k, v in languages["filtered"].items())
                 + "</p>" if selected else "")
-    return (_figure(plt, draw) + filtered
+    return (_figure(plt, draw, columns=2) + filtered
             + _table(("language", "documents", "tokens"),
                      [(code, c["documents"], c["tokens"]) for code, c in found.items()]))
 
 
-def _domains(manifest: Mapping) -> str:
-    """The domains with the most tokens kept and with the most documents dropped."""
+def _domains(plt: Any, manifest: Mapping) -> str:
+    """The domains with the most tokens kept and with the most documents dropped (the
+    manifest keeps ``DOMAINS_LISTED`` of each, so the charts stay bounded)."""
     domains = manifest.get("domains") or {}
     if not domains.get("documents"):
         return _none("no knowledge document carried a URL (a 'url' field or #url=FIELD)")
@@ -464,13 +550,23 @@ def _domains(manifest: Mapping) -> str:
                  if domains["blocklist"] else "")
     head = (f"<p>{domains['documents']:,} documents from {domains['distinct']:,} domains, "
             f"{domains['kept']:,} kept with {domains['tokens']:,} tokens{blocklist}.</p>")
+    # (ranking, title, what it ranks by, colour): one is not empty, as some document was read
+    rankings = [(key, title, metric, color) for key, title, metric, color in (
+        ("top_kept", "Most tokens kept", "tokens", COLORS["kept"]),
+        ("top_dropped", "Most documents dropped", "dropped", COLORS["filtered"]))
+        if domains[key]]
+
+    def draw(*axes):
+        for ax, (key, title, metric, color) in zip(axes, rankings, strict=True):
+            _hbars(ax, [e["domain"] for e in domains[key]], [e[metric] for e in domains[key]],
+                   title.lower(), color, "tokens" if metric == "tokens" else "documents")
+    longest = max(len(domains[key]) for key, *_ in rankings)
     columns = ("domain", "documents", "kept", "tokens kept", "dropped")
     tables = [f"<h3>{html.escape(title)}</h3>" + _table(columns, [
         (e["domain"], e["documents"], e["kept"], e["tokens"], e["dropped"])
-        for e in domains[key]]) for key, title in (
-            ("top_kept", "Most tokens kept"), ("top_dropped", "Most documents dropped"))
-        if domains[key]]
-    return head + "".join(tables)
+        for e in domains[key]]) for key, title, *_ in rankings]
+    return (head + _figure(plt, draw, height=0.9 + 0.25 * longest, columns=len(rankings))
+            + "".join(tables))
 
 
 def _validation(manifest: Mapping, held_sft: PackStats) -> str:
@@ -539,7 +635,7 @@ def build_report(output_dir: str) -> str:
         "mixing": _mixing(plt, manifest),
         "personal-data": _personal_data(manifest),
         "languages": _languages(plt, manifest),
-        "domains": _domains(manifest),
+        "domains": _domains(plt, manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),
     }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from beam_pipeline.cli import main
 from tests.conftest import ROOT, TEST_DATA
@@ -97,6 +98,18 @@ def test_the_readme_reading_example_runs_on_the_demo(demo, capsys):
     assert ast.literal_eval(first) == row["seq_lengths"][0].as_py()
     text = "\n".join(trained)
     assert text.strip() and "<|im_start|>" not in text and "You are a helpful" not in text
+
+
+def test_the_demo_card_declares_a_licence_for_every_input(demo):
+    """The Makefile's inputs declare the licences of examples/data/SOURCES.md, so the card
+    names one per source and never says "not declared" nor falls back to "other"."""
+    output, _ = demo
+    card = (output / "README.md").read_text()
+    header = yaml.safe_load(card.split("---\n")[1])
+    assert header["license"] == ["apache-2.0", "mit", "odc-by"]
+    rows = [line for line in card.splitlines() if line.startswith("| `examples/data/")]
+    assert len(rows) == 9 and "not declared" not in card
+    assert "| `examples/data/c4_sample.jsonl` |  | odc-by | 120 |" in rows
 
 
 def test_every_reason_the_demo_counts_is_in_the_vocabulary(demo):

@@ -4,8 +4,10 @@ shown, a screenshot kept), its figures checked against the Parquet outputs read 
 and rebuilt from a copied output folder alone."""
 
 import doctest
+import json
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +172,138 @@ def test_report_command_leaves_a_readme_of_the_users_alone(prepared, tmp_path, c
 
 def test_length_counters_doctests():
     assert doctest.testmod(lengths).failed == 0
+
+
+@pytest.fixture
+def charts(monkeypatch):
+    """pyplot, and the axes of every chart a section draws, kept open instead of embedded."""
+    plt = report._pyplot()
+    drawn: list[list] = []
+
+    def keep(plt, draw, width=7.5, height=3.0, columns=1):
+        fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
+        draw(*axes[0])
+        fig.canvas.draw()  # places the tick labels
+        drawn.append(list(axes[0]))
+        return ""
+    monkeypatch.setattr(report, "_figure", keep)
+    yield plt, drawn
+    plt.close("all")
+
+
+def _bars(ax) -> list[tuple[float, float, float]]:
+    """(left, right, height) of each vertical bar."""
+    return [(p.get_x(), p.get_x() + p.get_width(), p.get_height()) for p in ax.patches]
+
+
+def _numeric_ticks(ax) -> list[float]:
+    """The x tick labels, each of which must name its own position (not a category index)."""
+    ticks = [(t.get_position()[0], t.get_text().replace("\u2212", "-"))
+             for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and all(float(text) == position for position, text in ticks)
+    return [position for position, _ in ticks]
+
+
+def test_counts_per_pack_and_per_block_stand_on_a_numeric_axis(prepared, charts):
+    """A bar per value while the values are few; with hundreds of them, bins of equal width:
+    the bars stay few and a pack of 317 examples stands at x=317."""
+    plt, drawn = charts
+    few = report.PackStats(seq_len=1024, packs=11, segments_per_pack=Counter({1: 4, 2: 6, 9: 1}))
+    many = Counter({k: 1 for k in range(1, 318)} | {3: 50})
+    report._packing(plt, prepared.manifest, few, many)
+    [(_, per_pack), (per_block,)] = drawn
+    assert [((left + right) / 2, height) for left, right, height in _bars(per_pack)] == [
+        (value, few.segments_per_pack.get(value, 0)) for value in range(1, 10)]
+    _numeric_ticks(per_pack)
+    bars = _bars(per_block)
+    assert len(bars) <= report.MAX_COUNT_BARS
+    assert sum(height for *_, height in bars) == sum(many.values())
+    [(_, _, last)] = [bar for bar in bars if bar[0] <= 317 <= bar[1]]
+    assert last >= 1 and bars[0][0] < 1 and max(_numeric_ticks(per_block)) >= 300
+    assert "(bins of 6)" in per_block.get_title()
+
+
+def test_sft_lengths_are_drawn_on_a_log_count_axis_with_a_marker_at_seq_len(prepared, charts):
+    plt, drawn = charts
+    seq_len = prepared.manifest["instruction"]["seq_len"]
+    sft = scan_packs([str(f) for f in (prepared.output / "sft").glob("*.parquet")], seq_len)
+    report._lengths(plt, prepared.manifest, sft)
+    _, lengths = drawn[0]
+    assert lengths.get_yscale() == "log" and lengths.get_xscale() == "linear"
+    [marker] = lengths.get_lines()
+    assert list(marker.get_xdata()) == [seq_len, seq_len]
+    assert marker.get_label() == f"seq_len {seq_len:,}"
+    assert sum(height for *_, height in _bars(lengths)) == sft.examples
+
+
+def test_trained_share_and_truncation_per_source(prepared, charts):
+    plt, drawn = charts
+    manifest = prepared.manifest
+    sources = {e["name"]: e["tokenized"]["instruction"] for e in manifest["inputs"]
+               if "instruction" in e["tokenized"]}
+    assert set(sources) == {"alpaca", "sharegpt", "toolcall", "gsm8k"}
+    # Counted where the run total is: the per-source counts add up to it.
+    assert sum(f["truncated"] for f in sources.values()) == manifest["instruction"]["truncated"]
+    truncated = json.loads(json.dumps(manifest))  # one source truncated, to see it drawn
+    truncated["inputs"][3]["tokenized"]["instruction"].update(truncated=6, truncated_tokens=900)
+    page = report._sft_sources(plt, truncated)
+    [(trained, cut)] = drawn
+    names = [label.get_text() for label in trained.get_yticklabels()][::-1]
+    assert names == list(sources)
+    shares = [p.get_width() for p in trained.patches][::-1]
+    assert shares == pytest.approx([100 * f["trained_tokens"] / f["tokens"]
+                                    for f in sources.values()])
+    sharegpt = sources["sharegpt"]
+    assert [p.get_width() for p in cut.patches][::-1][1] == 100 * 6 / sharegpt["records"]
+    assert (f"<td>sharegpt</td><td>{sharegpt['records']:,}</td><td>{sharegpt['tokens']:,}</td>"
+            f"<td>{sharegpt['trained_tokens']:,}</td>"
+            f"<td>{sharegpt['trained_tokens'] / sharegpt['tokens']:.2%}</td><td>6</td>"
+            f"<td>900</td><td>{sharegpt['short_replies']:,}</td>") in page
+
+
+def test_languages_are_drawn_by_documents_and_by_tokens(prepared, charts):
+    plt, drawn = charts
+    found = prepared.manifest["languages"]["by_language"]
+    assert len(found) > 1
+    page = report._languages(plt, prepared.manifest)
+    [(documents, tokens)] = drawn
+    for ax, metric in ((documents, "documents"), (tokens, "tokens")):
+        assert ax.get_yscale() == "log"
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(found)[:20]
+        assert [h for *_, h in _bars(ax)] == [c[metric] for c in found.values()][:20]
+    for code, counts in found.items():
+        assert f"<td>{code}</td><td>{counts['documents']:,}</td><td>{counts['tokens']:,}</td>" \
+               in page
+
+
+def test_personal_data_is_listed_per_kind(prepared):
+    pii = prepared.manifest["personal_data"]
+    assert pii["mode"] == "redact"
+    page = (prepared.output / REPORT_NAME).read_text()
+    for kind in pii["kinds"]:
+        assert (f"<td>{kind}</td><td>{pii['knowledge']['by_kind'][kind]:,}</td>"
+                f"<td>{pii['instruction']['by_kind'][kind]:,}</td>") in page
+    assert (f"<td>documents / examples holding any</td><td>{pii['knowledge']['records']:,}"
+            f"</td><td>{pii['instruction']['records']:,}</td>") in page
+
+
+DOMAINS = {  # a manifest's domains section: two of its domains kept, one only dropped
+    "documents": 9, "kept": 6, "tokens": 700, "distinct": 3, "blocklist": ["spam.example"],
+    "blocklisted": 2, "top_kept": [
+        {"domain": "a.example", "documents": 5, "kept": 4, "dropped": 1, "tokens": 600},
+        {"domain": "b.example", "documents": 2, "kept": 2, "dropped": 0, "tokens": 100}],
+    "top_dropped": [
+        {"domain": "spam.example", "documents": 2, "kept": 0, "dropped": 2, "tokens": 0},
+        {"domain": "a.example", "documents": 5, "kept": 4, "dropped": 1, "tokens": 600}]}
+
+
+def test_top_domains_kept_and_dropped_are_drawn_and_listed(charts):
+    plt, drawn = charts
+    page = report._domains(plt, {"domains": DOMAINS})
+    [(kept, dropped)] = drawn
+    for ax, key, metric in ((kept, "top_kept", "tokens"), (dropped, "top_dropped", "dropped")):
+        assert [t.get_text() for t in ax.get_yticklabels()][::-1] == [
+            e["domain"] for e in DOMAINS[key]]
+        assert [p.get_width() for p in ax.patches][::-1] == [e[metric] for e in DOMAINS[key]]
+    assert "9 documents from 3 domains, 6 kept with 700 tokens; 2 filtered" in page
+    assert "<td>spam.example</td><td>2</td><td>0</td><td>0</td><td>2</td>" in page

@@ -1,5 +1,6 @@
 """Token counters per --input: the power-of-two length histograms the manifest and the data
-report show, and the trained tokens that reveal a response mapped onto the wrong column."""
+report show, the trained tokens that reveal a response mapped onto the wrong column, and the
+examples truncated at ``seq_len``."""
 
 from __future__ import annotations
 
@@ -48,21 +49,28 @@ def source_length_counts(branch: str, lengths: np.ndarray,
 SHORT_REPLY_TOKENS = 2  # a one-token answer and its end-of-turn token
 
 
-def source_trained_counts(trained: np.ndarray, input_indices: Sequence[int]) -> dict[str, int]:
+def source_example_counts(trained: np.ndarray, tokens_cut: np.ndarray,
+                          input_indices: Sequence[int]) -> dict[str, int]:
     """Per ``--input``, the examples' trained tokens and how many train on a reply of at most
     ``SHORT_REPLY_TOKENS`` tokens: what shows a mapping onto the wrong column (a 0/1 label
-    mapped as the response trains every example to answer one token).
+    mapped as the response trains every example to answer one token); and how many examples
+    the overflow policy truncated, with the tokens it cut, so the report can say which source
+    loses its long conversations at ``seq_len``.
 
-    >>> source_trained_counts(np.array([1, 2, 40]), [0, 0, 1])
+    >>> source_example_counts(np.array([1, 2, 40]), np.array([0, 5, 0]), [0, 0, 1])
     ... # doctest: +NORMALIZE_WHITESPACE
     {'source.0.instruction.trained_tokens': 3, 'source.0.instruction.short_replies': 2,
-     'source.1.instruction.trained_tokens': 40, 'source.1.instruction.short_replies': 0}
+     'source.0.instruction.truncated': 1, 'source.0.instruction.truncated_tokens': 5,
+     'source.1.instruction.trained_tokens': 40, 'source.1.instruction.short_replies': 0,
+     'source.1.instruction.truncated': 0, 'source.1.instruction.truncated_tokens': 0}
     """
     counts: dict[str, int] = {}
     indices = np.asarray(input_indices, dtype=np.int64)
     for index in np.unique(indices).tolist():
-        mine = trained[indices == index]
+        mine = indices == index
         prefix = f"{SOURCE_PREFIX}{index}.instruction."
-        counts[prefix + "trained_tokens"] = int(mine.sum())
-        counts[prefix + "short_replies"] = int((mine <= SHORT_REPLY_TOKENS).sum())
+        counts[prefix + "trained_tokens"] = int(trained[mine].sum())
+        counts[prefix + "short_replies"] = int((trained[mine] <= SHORT_REPLY_TOKENS).sum())
+        counts[prefix + "truncated"] = int(np.count_nonzero(tokens_cut[mine]))
+        counts[prefix + "truncated_tokens"] = int(tokens_cut[mine].sum())
     return counts

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from transforms.core.chunks import Chunk
 from transforms.core.fields import REASONING_CONTENT
-from transforms.core.lengths import source_length_counts, source_trained_counts
+from transforms.core.lengths import source_example_counts, source_length_counts
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing, pad_packs
 from transforms.core.records import (
     Origin,
@@ -255,7 +255,8 @@ class EncodeConversations(OverlappedStep):
         indices = [origin[2] for origin in origins]
         for name, count in source_length_counts(INSTRUCTION, lengths, indices).items():
             self.count(name, count)
-        for name, count in source_trained_counts(trained, indices).items():
+        cut = np.fromiter((e.tokens_cut for e in kept), np.int64, len(kept))
+        for name, count in source_example_counts(trained, cut, indices).items():
             self.count(name, count)
         if kept:
             yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))

@@ -33,6 +33,8 @@ VERSIONED_PACKAGES = ("apache-beam", "pyarrow", "transformers", "tokenizers", "n
 SAMPLES_KEPT = 20  # examples per kind of sample (e.g. decontamination) in the manifest
 DOMAINS_LISTED = 20  # domains in each of the manifest's rankings (kept tokens, dropped documents)
 FILES_LISTED = 100  # files per input in the manifest's per-file breakdown, most rejected first
+# Per --input SFT counters (transforms.core.lengths.source_example_counts) beside the lengths.
+INSTRUCTION_SOURCE_COUNTS = ("trained_tokens", "short_replies", "truncated", "truncated_tokens")
 # A file of fewer records is judged by --max_reject_fraction only as part of its input: one bad
 # record of two is no sign of a wrong mapping, while a file wrongly read loses all its records.
 MIN_RECORDS_JUDGED_PER_FILE = 100
@@ -461,7 +463,8 @@ def _files(files: Mapping[str, Mapping[str, int]]) -> list[dict]:
 
 def _tokenized(counts: Mapping[str, int]) -> dict[str, dict]:
     """Per branch, the input's records as tokenized (before the validation split and mixing):
-    how many, their tokens and the length histogram by power-of-two bound."""
+    how many, their tokens and the length histogram by power-of-two bound; for SFT, also the
+    trained tokens, short replies and examples truncated (with the tokens cut)."""
     result = {}
     for branch in ("knowledge", "instruction"):
         mine = _by_prefix(counts, f"{branch}.")
@@ -472,7 +475,7 @@ def _tokenized(counts: Mapping[str, int]) -> dict[str, dict]:
                     (int(bound), n) for bound, n in _by_prefix(mine, "le_").items())}}
             if branch == "instruction":
                 result[branch].update({name: mine.get(name, 0)
-                                       for name in ("trained_tokens", "short_replies")})
+                                       for name in INSTRUCTION_SOURCE_COUNTS})
     return result
 
 
