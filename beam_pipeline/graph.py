@@ -101,7 +101,7 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         beam.pvalue.AsSingleton(fields), cfg.output_format,
-        output_kinds(cfg.curation.partitions))
+        output_kinds(cfg.curation.partitions, cfg.knowledge.write_documents))
 
 
 def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,

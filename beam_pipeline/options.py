@@ -159,6 +159,10 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         raise ValueError("--input names no files")
     curation = CurationConfig.from_options(options)
     formats = parse_formats(prep.output_format)
+    knowledge = KnowledgeConfig.from_options(options)
+    if knowledge.tokenize_only and (curation.language.filters or curation.urls.active):
+        raise ValueError("--tokenize_only skips every step before tokenization: drop "
+                         "--languages and --url_blocklist, or curate in this run")
     if curation.partitions and formats != (PARQUET,):
         raise ValueError("--partition_by_language writes Parquet only: drop --output_format, or "
                          "run once per language with --languages=XX for another format")
@@ -166,7 +170,7 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         inputs=tuple(parse_input_spec(i, value) for i, value in enumerate(values)),
         output=prep.output.rstrip("/"),
         tokenizer=prep.tokenizer,
-        knowledge=KnowledgeConfig.from_options(options),
+        knowledge=knowledge,
         instruction=InstructionConfig.from_options(options),
         curation=curation,
         output_format=formats,

@@ -5,6 +5,7 @@ test_curation_pipeline.py."""
 import argparse
 import dataclasses
 import json
+from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np
@@ -14,6 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from tests.conftest import SHARED_DATA, require_shared_data
 from tests.io.test_manifest import CONFIG
+from transforms.core.records import Record
 from transforms.core.steps import STATS, is_validation
 from transforms.curation.decontam import DecontamConfig, EvalIndex, ngrams
 from transforms.curation.mixing import BUCKETS, MixConfig, MixSources, plan_mix
@@ -107,10 +109,14 @@ def test_a_weighted_source_without_tokens_fails_loudly():
         plan_mix({"big": histogram({0: 10})}, config("down"))
 
 
+def records_at(origins: Iterable[tuple[str, int, int]]) -> tuple[Record, ...]:
+    return tuple(Record(source, position, index) for source, position, index in origins)
+
+
 def tokenized(count: int) -> TokenizedChunk:
     arrays = tuple(np.array([i % 97, i // 97, 5], dtype=np.int32) for i in range(count))
     return TokenizedChunk("c0", arrays + (np.array([7, 7], dtype=np.int32),) * 5,
-                          tuple(("f", i, 0) for i in range(count + 5)))
+                          records_at(("f", i, 0) for i in range(count + 5)))
 
 
 def test_the_split_hashes_what_is_trained_and_keeps_copies_together():
@@ -202,8 +208,8 @@ def test_mix_sources_scales_the_larger_source_down_to_its_share():
     """The composite: token histograms per source, a plan (a side input), then each chunk."""
     arrays = tuple(np.array([i % 97, i // 97, 5], dtype=np.int32) for i in range(250))
     origins = tuple(("f", i, 0 if i < 200 else 1) for i in range(250))  # 200 big, 50 small
-    chunks = [TokenizedChunk("c0", arrays[:125], origins[:125]),
-              TokenizedChunk("c1", arrays[125:], origins[125:])]
+    chunks = [TokenizedChunk("c0", arrays[:125], records_at(origins[:125])),
+              TokenizedChunk("c1", arrays[125:], records_at(origins[125:]))]
     with test_pipeline.TestPipeline() as p:
         mixed = p | beam.Create(chunks) | MixSources(config("down"), "knowledge.unselected")
         kept = mixed.main | beam.FlatMap(lambda chunk: [origin[2] for origin in chunk.origins])

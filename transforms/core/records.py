@@ -115,6 +115,7 @@ class Record:
     url: str | None = None  # a knowledge document's ``url`` field, set by classification
     language: str | None = None  # a knowledge document's language (ISO 639), once identified
     language_score: float | None = None  # the language model's probability for ``language``
+    pii: tuple[tuple[str, int], ...] = ()  # personal data found in a document: (kind, spans)
 
     @property
     def key(self) -> tuple[str, int]:

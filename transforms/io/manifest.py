@@ -501,6 +501,8 @@ def check_rows_written(manifest: Mapping) -> None:
     documents = {DOCUMENTS: manifest["knowledge"]["documents"]}
     if "validation" in manifest:
         documents[f"validation/{DOCUMENTS}"] = manifest["validation"]["knowledge"]["documents"]
+    if manifest["config"]["knowledge"].get("write_documents"):
+        expected.update(documents)
     for format_kind in format_kinds(manifest["config"].get("output_format", ())):
         source = format_kind.source
         if source in expected or source in documents:

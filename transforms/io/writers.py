@@ -36,7 +36,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.steps import Part, base_kind
 from transforms.core.vocabulary import FILTERED, REJECTED
-from transforms.io.formats import FORMAT_KINDS, format_kinds, write_folder_indexes
+from transforms.io.formats import DOCUMENTS, FORMAT_KINDS, format_kinds, write_folder_indexes
 from transforms.io.formats.how_to_read import how_to_read
 from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
@@ -56,7 +56,8 @@ PARQUET_KINDS = ("pretrain", "sft", "sft_examples", "validation/pretrain", "vali
 PHASES_NAME = "phases.json"  # with curriculum phases: their order, written once all complete
 JSONL_KINDS = (REJECTED, FILTERED)
 OUTPUT_KINDS = PARQUET_KINDS + JSONL_KINDS
-PARTITIONED_KINDS = ("pretrain", "validation/pretrain")  # may hold partition folders
+DOCUMENT_KINDS = (DOCUMENTS, f"validation/{DOCUMENTS}")  # with --write_documents
+PARTITIONED_KINDS = ("pretrain", "validation/pretrain", *DOCUMENT_KINDS)  # may hold partitions
 COMPRESSION = "zstd"
 # Staged files are Arrow IPC with zstd buffers: about 5x faster to write and 8x to read than
 # Parquet here (no page encoding), and no larger. Only the outputs need to be Parquet.
@@ -109,14 +110,16 @@ class Progress:
 
 
 def is_parquet(kind: str) -> bool:
-    return base_kind(kind) in PARQUET_KINDS
+    return base_kind(kind) in PARQUET_KINDS + DOCUMENT_KINDS
 
 
-def output_kinds(partitions: Sequence[str] = ()) -> tuple[str, ...]:
-    """Every kind a run may write: ``OUTPUT_KINDS`` and, with partitions, each partition's
-    folder under the kinds that hold them (``pretrain/language=en``)."""
-    return OUTPUT_KINDS + tuple(f"{kind}/{partition}" for kind in PARTITIONED_KINDS
-                                for partition in partitions)
+def output_kinds(partitions: Sequence[str] = (), documents: bool = False) -> tuple[str, ...]:
+    """Every kind a run may write: ``OUTPUT_KINDS``, ``DOCUMENT_KINDS`` with ``documents``
+    and, with partitions, each partition's folder under the kinds that hold them
+    (``pretrain/language=en``)."""
+    kinds = OUTPUT_KINDS + (DOCUMENT_KINDS if documents else ())
+    return kinds + tuple(f"{kind}/{partition}" for kind in PARTITIONED_KINDS if kind in kinds
+                         for partition in partitions)
 
 
 def shard_of(chunk_id: str) -> str:

@@ -33,7 +33,6 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 
 from transforms.core.chunks import Chunk
 from transforms.core.lengths import length_buckets, source_length_counts
@@ -42,7 +41,6 @@ from transforms.core.packing import (
     blocks_to_table,
     concat_blocks,
     cut_blocks,
-    join_documents,
     join_streams,
 )
 from transforms.core.records import Origin, Record, RecordChunk
@@ -73,6 +71,7 @@ from transforms.curation.urls import url_domain
 from transforms.io.formats import DOCUMENTS
 from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments, SecondRead, dedup_shards
 from transforms.knowledge.dedup.minhash import file_numbering
+from transforms.knowledge.document_records import documents_table, ids_table
 from transforms.knowledge.documents import DropDuplicates, document_steps
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
@@ -90,8 +89,12 @@ UNSELECTED = "knowledge.documents_unselected"  # left out by mixing: not kept af
 class TokenizedChunk(Chunk):
     chunk_id: str
     token_arrays: tuple[np.ndarray, ...]
-    origins: tuple[Origin, ...] = ()  # per document, for mixing's accounting
-    languages: tuple[str | None, ...] = ()  # per document, for --partition_by_language
+    records: tuple[Record, ...]  # each document as tokenized
+
+    @property
+    def origins(self) -> tuple[Origin, ...]:
+        """Per document, for mixing's accounting."""
+        return tuple(record.origin for record in self.records)
 
     def record_tokens(self) -> np.ndarray:
         """Tokens each document puts into blocks: its own plus one end-of-text."""
@@ -104,8 +107,7 @@ class TokenizedChunk(Chunk):
 
     def take(self, indices: Sequence[int]) -> TokenizedChunk:
         return TokenizedChunk(self.chunk_id, tuple(self.token_arrays[i] for i in indices),
-                              tuple(self.origins[i] for i in indices),
-                              tuple(self.languages[i] for i in indices) if self.languages else ())
+                              tuple(self.records[i] for i in indices))
 
     def counts(self) -> dict[str, int]:
         return {"knowledge.documents": len(self.token_arrays),
@@ -160,8 +162,7 @@ class TokenizeDocuments(OverlappedStep):
             self.count(name, count)
         self.count_domains(chunk.records, lengths)
         self.count_languages(chunk.records, lengths)
-        yield TokenizedChunk(chunk.chunk_id, arrays, tuple(r.origin for r in chunk.records),
-                             tuple(r.language for r in chunk.records))
+        yield TokenizedChunk(chunk.chunk_id, arrays, chunk.records)
         yield beam.pvalue.TaggedOutput(LENGTH_RANGE, (int(lengths.min()), int(lengths.max())))
 
 
@@ -207,7 +208,7 @@ class PartitionByLanguage(ChunkStep):
 
     def run(self, chunk: TokenizedChunk) -> Iterator[TokenizedChunk]:
         by_language: dict[str, list[int]] = {}
-        for index, language in enumerate(chunk.languages):
+        for index, language in enumerate(r.language for r in chunk.records):
             by_language.setdefault(language, []).append(index)
         for language in sorted(by_language):
             part = chunk.take(by_language[language])
@@ -220,17 +221,20 @@ class ConcatenateBlocks(ChunkStep):
 
     The tokens after the last full block go on as the chunk's tail, to be joined with other
     chunks' tails, so at most one partial block per tail group meets the remainder policy.
-    With ``stage_documents`` (Megatron's pretraining layout is asked for), the documents
-    themselves leave too, each with its end-of-text token, in input order: the last point
-    where they exist whole, after every filter, split and mix.
+    With ``stage_documents`` (Megatron's pretraining layout is asked for) or
+    ``write_documents``, the documents themselves leave too, each with its end-of-text token, in
+    input order: the last point where they exist whole, after every filter, split and mix. Only
+    ``write_documents`` needs more than their ids (``document_records``).
     """
 
     step_name = "blocks"
 
-    def __init__(self, tokenizer: str, block_size: int, stage_documents: bool = False):
+    def __init__(self, tokenizer: str, block_size: int, stage_documents: bool = False,
+                 write_documents: bool = False):
         self.tokenizer_spec = tokenizer
         self.block_size = block_size
-        self.stage_documents = stage_documents
+        self.stage_documents = stage_documents or write_documents
+        self.write_documents = write_documents
 
     def setup(self) -> None:
         self.separator_id = end_of_text_id(load_tokenizer(self.tokenizer_spec))
@@ -243,7 +247,8 @@ class ConcatenateBlocks(ChunkStep):
         if len(blocks.tail.tokens):
             yield beam.pvalue.TaggedOutput(TAILS, (chunk.chunk_id, blocks.tail))
         if self.stage_documents and chunk.token_arrays:
-            table = documents_table(chunk.token_arrays, self.separator_id)
+            table = (documents_table(chunk.records, chunk.token_arrays, self.separator_id)
+                     if self.write_documents else ids_table(chunk.token_arrays, self.separator_id))
             yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(DOCUMENTS, chunk.chunk_id),
                                                        chunk.chunk_id, "documents", table))
 
@@ -275,15 +280,6 @@ def _emit(step: ChunkStep, chunk_id: str, blocks: Blocks) -> Iterator[Any]:
     if len(blocks.input_ids):
         yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(PRETRAIN, chunk_id), chunk_id,
                                                    step.step_name, blocks_to_table(blocks)))
-
-
-def documents_table(token_arrays: Sequence[np.ndarray], separator_id: int) -> pa.Table:
-    """One row per document: its tokens and the end-of-text token, as ``input_ids``."""
-    stream = join_documents(token_arrays, separator_id)
-    offsets = np.zeros(len(stream.piece_lengths) + 1, np.int32)
-    np.cumsum(stream.piece_lengths, out=offsets[1:])
-    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stream.tokens))
-    return pa.table({"input_ids": ids})
 
 
 def document_texts(chunk: RecordChunk) -> list[str]:
@@ -324,17 +320,22 @@ class KnowledgeBranch(beam.PTransform):
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions), written
 
+    def _curate(self, steps: StepChain) -> None:
+        """The steps that keep, rewrite or drop documents before they are tokenized."""
+        for label, step in document_steps(self.config, self.curation, self.token_cache):
+            steps.then(label, step)
+        if self.token_cache is not None:
+            drop, written = self._drop_duplicates(steps.main.pipeline)
+            steps.then("DropDuplicates", drop, side_inputs=[beam.pvalue.AsSingleton(written)])
+        if self.curation.decontam is not None:
+            steps.then("Decontaminate",
+                       Decontaminate(self.curation.decontam, KNOWLEDGE, document_texts))
+
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         config, curation = self.config, self.curation
         steps = StepChain(chunks)
-        for label, step in document_steps(config, curation, self.token_cache):
-            steps.then(label, step)
-        if self.token_cache is not None:
-            drop, written = self._drop_duplicates(chunks.pipeline)
-            steps.then("DropDuplicates", drop, side_inputs=[beam.pvalue.AsSingleton(written)])
-        if curation.decontam is not None:
-            steps.then("Decontaminate",
-                       Decontaminate(curation.decontam, KNOWLEDGE, document_texts))
+        if not config.tokenize_only:
+            self._curate(steps)
         tokenized = steps.then("Tokenize", TokenizeDocuments(self.tokenizer, self.token_cache),
                                LENGTH_RANGE)
         if curation.validation:
@@ -346,7 +347,8 @@ class KnowledgeBranch(beam.PTransform):
             steps.then("PartitionByLanguage", PartitionByLanguage())
         blocks = steps.then("ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size,
-                                              self.stage_documents), TAILS)
+                                              self.stage_documents, config.write_documents),
+                            TAILS)
         steps.add(apply_step(blocks[TAILS] | "GatherTails" >> GatherTails(self.tails),
                              "ConcatenateTails",
                              ConcatenateTails(self.tokenizer, config.block_size, config.remainder)))

@@ -116,10 +116,12 @@ class RedactPersonalData(DocumentStep):
 
     def judge(self, record: Record, found: collections.Counter | None) -> Record:
         text, spans = redact(record.value, self.config)
-        if found is not None and spans:
+        if not spans:
+            return record
+        if found is not None:
             found.update(spans)
             found["documents"] += 1
-        return dataclasses.replace(record, value=text) if text is not record.value else record
+        return dataclasses.replace(record, value=text, pii=tuple(sorted(spans.items())))
 
     def tally(self, found: collections.Counter) -> None:
         for name, count in count_found(KNOWLEDGE, found).items():

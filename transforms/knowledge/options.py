@@ -82,6 +82,17 @@ class KnowledgeOptions(PipelineOptions):
             "group of chunks): drop them (default) or pad the block; the manifest reports the "
             "cost either way.")
         group.add_argument(
+            "--write_documents", type=boolean, default=False,
+            help="Also write documents/: one row per kept document with its id, source, "
+            "position, url, the exact text tokenized, its ids, language and the measures the "
+            "curation steps took (default false). A valid --input for --tokenize_only.")
+        group.add_argument(
+            "--tokenize_only", type=boolean, default=False,
+            help="Tokenize knowledge documents as they are read: no normalisation, URL "
+            "blocklist, personal-data redaction, language identification, quality rules, "
+            "deduplication or decontamination (default false). For re-tokenizing the "
+            "documents/ of an earlier run with another tokenizer.")
+        group.add_argument(
             "--normalize", type=boolean, default=True,
             help="Normalise documents before anything else (default true): Unicode NFC, "
             "control and zero-width characters and byte-order marks removed, every line break "
@@ -141,17 +152,24 @@ class KnowledgeConfig:
     normalize: NormalizeConfig | None = dataclasses.field(default_factory=NormalizeConfig)
     quality: QualityConfig | None = dataclasses.field(default_factory=QualityConfig)
     dedup: DedupConfig = dataclasses.field(default_factory=DedupConfig)
+    write_documents: bool = False
+    tokenize_only: bool = False  # no step before tokenization (see --tokenize_only)
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> KnowledgeConfig:
         view = options.view_as(KnowledgeOptions)
+        curates = not view.tokenize_only
         return cls(
             block_size=view.block_size,
             remainder=view.remainder,
             normalize=NormalizeConfig(view.collapse_whitespace, view.strip_gutenberg)
-            if view.normalize else None,
+            if view.normalize and curates else None,
             quality=QualityConfig(**{name: getattr(view, name) for name, _, _ in
-                                     _QUALITY_OPTIONS}) if view.quality_filter else None,
-            dedup=DedupConfig(view.dedup, view.dedup_ngram, view.dedup_num_perm,
-                              view.dedup_bands, view.dedup_threshold, view.dedup_rounds),
+                                     _QUALITY_OPTIONS}) if view.quality_filter and curates
+            else None,
+            dedup=DedupConfig(view.dedup if curates else "none", view.dedup_ngram,
+                              view.dedup_num_perm, view.dedup_bands, view.dedup_threshold,
+                              view.dedup_rounds),
+            write_documents=view.write_documents,
+            tokenize_only=view.tokenize_only,
         )

@@ -202,6 +202,51 @@ def _above(value: float, maximum: float) -> bool:
     return bool(maximum) and value > maximum
 
 
+# --------------------------------------------------------------------------- the measures
+
+
+def mean_word_chars(stats: TextStats) -> float:
+    return _share(stats.word_chars, stats.word_count)
+
+
+def symbols_per_word(stats: TextStats) -> float:
+    """Hash signs and ellipses per word."""
+    symbols = stats.text.count("#") + sum(stats.text.count(e) for e in _ELLIPSES)
+    return _share(symbols, stats.word_count)
+
+
+def letter_share(stats: TextStats) -> float:
+    """Letters among the visible characters."""
+    return _share(stats.letters, len(stats.text) - sum(map(stats.text.count, _COMMON_SPACES)))
+
+
+def _repeats(items: list[str]) -> tuple[int, int]:
+    """How many of ``items`` repeat an earlier one, and their characters."""
+    seen: set[str] = set()
+    repeated = repeated_chars = 0
+    for item in items:
+        if item in seen:
+            repeated += 1
+            repeated_chars += len(item)
+        else:
+            seen.add(item)
+    return repeated, repeated_chars
+
+
+def repeated_line_share(stats: TextStats) -> float:
+    return _share(_repeats(stats.lines)[0], len(stats.lines))
+
+
+# What ``--write_documents`` records of each kept document, by column: the quantities the rules
+# judge, measured on the text as tokenized, so that a user can set new thresholds afterwards.
+MEASURES: dict[str, Callable[[TextStats], float]] = {
+    "mean_word_length": mean_word_chars,
+    "symbols_per_word": symbols_per_word,
+    "letter_share": letter_share,
+    "repeated_line_share": repeated_line_share,
+}
+
+
 # --------------------------------------------------------------------------- the rules
 
 
@@ -217,7 +262,7 @@ def mean_word_length(stats: TextStats, config: QualityConfig) -> str | None:
     """Very short words mean fragments or tables; very long ones, URLs, hashes or base64."""
     if stats.word_count < RATIO_MIN_WORDS:
         return None
-    mean = stats.word_chars / stats.word_count
+    mean = mean_word_chars(stats)
     if mean < config.min_mean_word_length or _above(mean, config.max_mean_word_length):
         return None if _mostly_syllabic_or_unspaced(stats) else MEAN_WORD_LENGTH
     return None
@@ -231,9 +276,7 @@ def symbol_ratio(stats: TextStats, config: QualityConfig) -> str | None:
     """Hash signs and ellipses per word: hashtag spam and truncated teasers."""
     if stats.word_count < RATIO_MIN_WORDS:
         return None
-    symbols = stats.text.count("#") + sum(stats.text.count(e) for e in _ELLIPSES)
-    return SYMBOL_RATIO if _above(_share(symbols, stats.word_count), config.max_symbol_word_ratio) \
-        else None
+    return SYMBOL_RATIO if _above(symbols_per_word(stats), config.max_symbol_word_ratio) else None
 
 
 def ellipsis_lines(stats: TextStats, config: QualityConfig) -> str | None:
@@ -256,8 +299,7 @@ def bullet_lines(stats: TextStats, config: QualityConfig) -> str | None:
 
 def alpha_fraction(stats: TextStats, config: QualityConfig) -> str | None:
     """Too few letters among the visible characters: symbol soup, number tables, markup."""
-    visible = len(stats.text) - sum(map(stats.text.count, _COMMON_SPACES))
-    return LOW_ALPHA if _share(stats.letters, visible) < config.min_alpha_fraction else None
+    return LOW_ALPHA if letter_share(stats) < config.min_alpha_fraction else None
 
 
 def duplicate_lines(stats: TextStats, config: QualityConfig) -> str | None:
@@ -274,14 +316,7 @@ def duplicate_paragraphs(stats: TextStats, config: QualityConfig) -> str | None:
 
 def _duplicates(items: list[str], text_chars: int, max_items: float, max_chars: float,
                 reason: str) -> str | None:
-    seen: set[str] = set()
-    repeated = repeated_chars = 0
-    for item in items:
-        if item in seen:
-            repeated += 1
-            repeated_chars += len(item)
-        else:
-            seen.add(item)
+    repeated, repeated_chars = _repeats(items)
     if _above(_share(repeated, len(items)), max_items) or \
             _above(_share(repeated_chars, text_chars), max_chars):
         return reason
