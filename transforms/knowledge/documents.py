@@ -241,8 +241,10 @@ class DropDuplicates(DocumentStep):
     def judge(self, record: Record, known: ChunkWork) -> Record | Drop:
         decisions = known.decisions
         dropped = decisions.verdict(record, self.files, self.file_numbers)
-        if dropped is not None or not decisions.units or self.boilerplate is None:
-            return dropped or record
+        if dropped is not None:
+            return dropped
+        if not decisions.units or self.boilerplate is None:
+            return record
         key = record_key(record, self.file_numbers)
         removal = remove_units(record.value, self.boilerplate,
                                lambda unit: decisions.units.get(unit, key) != key)

@@ -176,7 +176,7 @@ class KnowledgeConfig:
     def first_pass(self) -> bool:
         """Whether the branch reads its inputs twice: deduplication and boilerplate removal
         need the whole dataset before they can drop or remove anything."""
-        return self.dedup.mode != "none" or self.boilerplate is not None
+        return self.dedup.active or self.boilerplate is not None
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> KnowledgeConfig:

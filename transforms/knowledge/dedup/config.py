@@ -36,6 +36,10 @@ class DedupConfig:
                              f"--dedup_bands={self.bands} (each band takes the same rows)")
 
     @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    @property
     def near(self) -> bool:
         return self.mode == "near"
 

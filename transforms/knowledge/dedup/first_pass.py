@@ -82,7 +82,7 @@ class KeyDocuments(BackgroundWriter):
         if not kept:
             return
         number = chunk_number(chunk.chunk_id)
-        if self.config.dedup.mode != "none":
+        if self.config.dedup.active:
             # one element per chunk: a shuffled element costs more than its keys
             yield tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
                         for key, stats in kept)
@@ -179,7 +179,7 @@ class FindDuplicateDocuments(beam.PTransform):
                                                         self.curation)).with_outputs(
                 UNITS, main=DROPS))
         decisions = {}
-        if config.dedup.mode != "none":
+        if config.dedup.active:
             decisions[DROPS] = keyed[DROPS] | "FindDuplicates" >> FindDuplicates(
                 config.dedup.threshold, buckets, config.dedup.rounds)
         if config.boilerplate is not None:
