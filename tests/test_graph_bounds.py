@@ -18,8 +18,8 @@ from tests.conftest import EXAMPLES
 
 # (label without the phase prefix, what it is): why it is bounded.
 ALLOWED = {
-    # One int: the number of decision files deduplication wrote. It only makes the main pass
-    # wait for them; each chunk then reads its own file.
+    # One int: the number of decision files deduplication and boilerplate removal wrote. It
+    # only makes the main pass wait for them; each chunk then reads its own file.
     ("KnowledgeBranch/CountDecisionFiles", "Globally"): "one int",
     ("KnowledgeBranch/DropDuplicates", "AsSingleton"): "the int above",
     # (shortest, longest) document in tokens: two ints.
@@ -124,6 +124,22 @@ def test_no_side_input_or_global_combine_grows_with_the_data(graph):
     unexpected = found - set(ALLOWED)
     assert not unexpected, f"side inputs or global combines not on the allow-list: {unexpected}"
     assert ("CollectPhases", "ToList") in found, "the phases' graphs are built"
+
+
+def test_boilerplate_is_found_through_the_shuffle_with_no_side_input(graph):
+    """Boilerplate removal (on by default) groups paragraph hashes by bucket and hands each
+    chunk its own decisions in the decision files: it adds no side input or global combine."""
+    labels = set()
+
+    def visit(applied) -> None:
+        labels.add(applied.full_label)
+        for part in applied.parts:
+            visit(part)
+
+    visit(graph._root_transform())
+    assert any(label.endswith("FindDuplicateDocuments/FindBoilerplate/GroupByBucket")
+               for label in labels)
+    assert not [found for found in findings(graph) if "Boilerplate" in found[0]]
 
 
 def test_the_walk_catches_a_side_input_that_grows():

@@ -50,7 +50,8 @@ def run_pipeline(output, *extra: str) -> dict:
         "--num_shards=3",
         "--chunk_records=500",
         # The reference below is the raw documents: no cleaning, filtering or deduplication.
-        "--normalize=false", "--quality_filter=false", "--dedup=none", "--pii=off",
+        "--normalize=false", "--quality_filter=false", "--dedup=none", "--boilerplate=false",
+        "--pii=off",
         "--quiet",  # no reporter: the counts go to the side channel named below
         *extra,
     ]

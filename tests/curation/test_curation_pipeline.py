@@ -31,7 +31,8 @@ KNOWLEDGE_MIX = {
     "books": (f"{D}/pretrain/tinyshakespeare.txt#text_unit=paragraph", 3),
     "wiki": (f"{D}/pretrain/wikitext2_valid.txt#text_unit=paragraph", 2),
 }
-RAW = ("--normalize=false", "--quality_filter=false", "--dedup=none", "--pii=off")
+RAW = ("--normalize=false", "--quality_filter=false", "--dedup=none", "--boilerplate=false",
+       "--pii=off")
 
 
 def weighted(mix: dict, branch: str, phase: str | None = None) -> list[str]:

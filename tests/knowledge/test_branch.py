@@ -33,7 +33,7 @@ def test_documents_become_blocks_and_the_short_one_is_filtered(tmp_path):
     chunk = RecordChunk("0000-0000", tuple(Record(source="s", position=k, input_index=0,
                                                   value=text) for k, text in enumerate(texts)))
     config = KnowledgeConfig(block_size=BLOCK, remainder="drop", normalize=None,
-                             dedup=DedupConfig(mode="none"))
+                             dedup=DedupConfig(mode="none"), boilerplate=None)
     tok = load_tokenizer(DEFAULT_TOKENIZER)
     kept = [tok(t, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             + [end_of_text_id(tok)] for t in texts[:-1]]

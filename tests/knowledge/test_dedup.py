@@ -292,7 +292,8 @@ def test_a_chunks_decisions_are_read_back_and_name_the_survivor(tmp_path):
     assert files == ("/data/a.jsonl", "/data/b.jsonl")
     numbers = {path: number for number, path in enumerate(files)}
     copy = (1, 1, 40, 9, text_hash("text"))
-    path = write_decisions((9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))]), str(tmp_path))
+    path = write_decisions(9, [(copy, DUPLICATE_NEAR, (0, 0, 7, 2, b"x" * 16))], [],
+                           str(tmp_path))
     found = ChunkDecisions.read(path)
     assert found.verdict(Record("/data/b.jsonl", 40, 1, "text"), files, numbers) == Drop(
         DUPLICATE_NEAR, "copy of the document at position 7 of /data/a.jsonl (input 0)")

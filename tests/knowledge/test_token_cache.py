@@ -114,5 +114,5 @@ def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_ar
 
 
 def test_without_deduplication_there_is_no_first_pass_to_reuse(tmp_path, encode_calls):
-    _run(tmp_path / "plain", "--dedup=none")
+    _run(tmp_path / "plain", "--dedup=none", "--boilerplate=false")
     assert encode_calls and all(parallel for _, parallel in encode_calls)

@@ -150,5 +150,8 @@ DUPLICATE_NGRAMS = _reason("duplicate_ngrams", FILTERED,
                            "too much of the text in repeated n-grams")
 DUPLICATE_EXACT = _reason("duplicate_exact", FILTERED, "an exact copy of a kept document")
 DUPLICATE_NEAR = _reason("duplicate_near", FILTERED, "a near copy (MinHash) of a kept document")
+BOILERPLATE_TOO_SHORT = _reason("boilerplate_too_short", FILTERED,
+                                "fewer words than `--min_words` once boilerplate shared with "
+                                "other documents is removed")
 CONTAMINATED = _reason("contaminated", FILTERED, "shares n-grams with an evaluation set")
 MIX_UNSELECTED = _reason("mix_unselected", FILTERED, "left out by the mixing weights")

@@ -246,6 +246,10 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
                     (int(bound), count)
                     for bound, count in _by_prefix(knowledge, "document_tokens.le_").items())},
             },
+            # what boilerplate removal took out of the documents it kept (those it left too
+            # short are counted in dropped, as boilerplate_too_short)
+            "boilerplate": {name: knowledge.get(f"boilerplate.{name}", 0) for name in (
+                "documents_changed", "paragraphs_removed", "lines_removed", "chars_removed")},
             "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
             "block_size": config["knowledge"]["block_size"],

@@ -12,7 +12,9 @@ numpy int32 arrays.
 Deduplication needs the whole dataset, so it runs in two passes (``FindDuplicateDocuments``):
 the first reads the inputs again, shuffles only small keys per document (in batches per chunk),
 resolves clusters through the shuffle and writes each chunk's drop decisions to a file of its
-own in staging; the main pass's ``DropDuplicates`` reads the file of the chunk in hand. Its only
+own in staging; the main pass's ``DropDuplicates`` reads the file of the chunk in hand. Boilerplate
+shared across documents (paragraphs many documents hold) is found the same way, from the
+hashes of each document's paragraphs, and removed by the same step. Its only
 side input is the number of decision files written (one int): it makes the main pass wait for
 them. The documents themselves are never shuffled, and no read is shared between the passes, so
 Beam never has to keep a pass's chunks while the decisions are made: the main read is fused with
@@ -290,9 +292,9 @@ class KnowledgeBranch(beam.PTransform):
     """Knowledge chunks in; each step's parts (pretraining blocks, dropped records) and stats
     out. The parts stay apart so that each is staged where it is made (see build_graph).
 
-    With deduplication on, the branch reads the inputs a second time (``second_read``) for
-    ``FindDuplicateDocuments``, next to the main read, and the main pass takes its verdicts and
-    token ids from the token cache it leaves in staging.
+    With deduplication or boilerplate removal on, the branch reads the inputs a second time
+    (``second_read``) for ``FindDuplicateDocuments``, next to the main read, and the main pass
+    takes its verdicts and token ids from the token cache it leaves in staging.
     """
 
     def __init__(self, tokenizer: str, config: KnowledgeConfig, tails: TailPlan,
@@ -304,7 +306,7 @@ class KnowledgeBranch(beam.PTransform):
         self.config = config
         self.tails = tails
         self.second_read = second_read
-        self.token_cache = None if config.dedup.mode == "none" else second_read.token_cache
+        self.token_cache = second_read.token_cache if config.first_pass else None
         self.curation = curation or BranchCuration()
 
     def _drop_duplicates(self, pipeline: beam.Pipeline) -> tuple[DropDuplicates, beam.PCollection]:
@@ -318,7 +320,7 @@ class KnowledgeBranch(beam.PTransform):
                        self.curation)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
-        return DropDuplicates(files, read.decisions), written
+        return DropDuplicates(files, read.decisions, self.config), written
 
     def _curate(self, steps: StepChain) -> None:
         """The steps that keep, rewrite or drop documents before they are tokenized."""

@@ -12,6 +12,7 @@ from typing import Any
 from transforms.core.records import Record, RecordChunk, Rejection
 from transforms.core.steps import ChunkStep
 from transforms.core.vocabulary import (
+    BOILERPLATE_TOO_SHORT,
     EMPTY_AFTER_NORMALIZATION,
     FILTERED,
     KNOWLEDGE,
@@ -25,13 +26,15 @@ from transforms.curation.options import BranchCuration
 from transforms.curation.pii import PiiConfig, count_found, redact
 from transforms.curation.urls import UrlConfig, blocked_by, load_blocklist, url_domain
 from transforms.knowledge.dedup.decisions import ChunkDecisions, decisions_path
-from transforms.knowledge.dedup.minhash import chunk_number
+from transforms.knowledge.dedup.minhash import chunk_number, record_key
+from transforms.knowledge.dedup.paragraphs import remove_units
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
 from transforms.knowledge.options import KnowledgeConfig
 from transforms.knowledge.quality import QualityConfig, TextStats, describe, first_failure
 from transforms.knowledge.token_cache import cache_path, read_verdicts
 
 _UNKNOWN = object()  # no verdict from the first pass
+BOILERPLATE = "knowledge.boilerplate"  # counters of what boilerplate removal took out of documents
 
 
 class DocumentStep(ChunkStep):
@@ -202,26 +205,63 @@ def document_steps(config: KnowledgeConfig, curation: BranchCuration | None = No
     return steps
 
 
+@dataclasses.dataclass
+class ChunkWork:
+    """What ``DropDuplicates`` knows of a chunk (its decisions) and what it removed from it."""
+
+    decisions: ChunkDecisions
+    removed: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
 class DropDuplicates(DocumentStep):
-    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file.
+    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file, and
+    takes the boilerplate units it named out of every document but the one that keeps each;
+    a document left with fewer than ``--min_words`` words (at least one) is filtered.
 
     The side input is only the number of decision files written, so that the chunk is judged
-    after every file is there; each chunk reads its own file alone.
+    after every file is there; each chunk reads its own file alone. A document whose text
+    changes is tokenized afresh: the token cache is found by the hash of the text.
     """
 
     step_name = "dedup"
 
-    def __init__(self, files: Sequence[str], decisions: str):
+    def __init__(self, files: Sequence[str], decisions: str, config: KnowledgeConfig):
         self.files = tuple(files)
         self.decisions = decisions
+        self.boilerplate = config.boilerplate
+        self.min_words = max(1, config.quality.min_words) if config.quality is not None else 1
 
     def setup(self) -> None:
         self.file_numbers = {path: number for number, path in enumerate(self.files)}
 
-    def known(self, chunk: RecordChunk, written: int) -> ChunkDecisions:
+    def known(self, chunk: RecordChunk, written: int) -> ChunkWork:
         """The chunk's decisions (none when no decision file was written)."""
-        return (ChunkDecisions.read(decisions_path(self.decisions, chunk_number(chunk.chunk_id)))
-                if written else ChunkDecisions({}))
+        return ChunkWork(
+            ChunkDecisions.read(decisions_path(self.decisions, chunk_number(chunk.chunk_id)))
+            if written else ChunkDecisions({}))
 
-    def judge(self, record: Record, known: ChunkDecisions) -> Record | Drop:
-        return known.verdict(record, self.files, self.file_numbers) or record
+    def judge(self, record: Record, known: ChunkWork) -> Record | Drop:
+        decisions = known.decisions
+        dropped = decisions.verdict(record, self.files, self.file_numbers)
+        if dropped is not None:
+            return dropped
+        if not decisions.units or self.boilerplate is None:
+            return record
+        key = record_key(record, self.file_numbers)
+        removal = remove_units(record.value, self.boilerplate,
+                               lambda unit: decisions.units.get(unit, key) != key)
+        if removal.text is record.value:
+            return record
+        words = TextStats(removal.text).word_count
+        if words < self.min_words:
+            return Drop(BOILERPLATE_TOO_SHORT, f"{words} words left once {removal.paragraphs} "
+                        f"paragraphs and {removal.lines} lines of boilerplate are removed "
+                        f"(--min_words {self.min_words})")
+        known.removed.update(documents_changed=1, paragraphs_removed=removal.paragraphs,
+                             lines_removed=removal.lines,
+                             chars_removed=len(record.value) - len(removal.text))
+        return dataclasses.replace(record, value=removal.text)
+
+    def tally(self, known: ChunkWork) -> None:
+        for name, count in known.removed.items():
+            self.count(f"{BOILERPLATE}.{name}", count)

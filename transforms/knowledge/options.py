@@ -17,8 +17,13 @@ from transforms.core.option_types import (
     parsed_by,
     positive_int,
 )
-from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR, EMPTY_AFTER_NORMALIZATION
-from transforms.knowledge.dedup.config import MODES, DedupConfig
+from transforms.core.vocabulary import (
+    BOILERPLATE_TOO_SHORT,
+    DUPLICATE_EXACT,
+    DUPLICATE_NEAR,
+    EMPTY_AFTER_NORMALIZATION,
+)
+from transforms.knowledge.dedup.config import MODES, BoilerplateConfig, DedupConfig
 from transforms.knowledge.normalize import NormalizeConfig
 from transforms.knowledge.quality import QualityConfig, format_ngram_limits, parse_ngram_limits
 
@@ -27,6 +32,7 @@ ngram_limits = parsed_by(parse_ngram_limits)
 
 _QUALITY = QualityConfig()
 _DEDUP = DedupConfig()
+_BOILERPLATE = BoilerplateConfig()
 # (QualityConfig field, argparse type, help): each becomes --FIELD=VALUE.
 _QUALITY_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("min_words", non_negative_int, "Fewest words a document may have (too_few_words). A word "
@@ -141,19 +147,49 @@ class KnowledgeOptions(PipelineOptions):
             help="Rounds of label propagation that join near copies into clusters: a chain of "
             "k copies, each similar only to the next, needs k + 1; a run whose last round "
             f"still changes a label stops and says so (default {_DEDUP.rounds}).")
+        group.add_argument(
+            "--boilerplate", type=boolean, default=True,
+            help="Remove boilerplate shared across documents (cookie notices, navigation, "
+            "licence footers): a paragraph of --boilerplate_min_chars or more that "
+            "--boilerplate_min_documents or more documents hold stays in the first of them, "
+            "by (input, source, position), and is removed from the others; a document left "
+            f"with fewer than --min_words words is filtered as {BOILERPLATE_TOO_SHORT} "
+            "(default true).")
+        group.add_argument(
+            "--boilerplate_min_chars", type=positive_int, default=_BOILERPLATE.min_chars,
+            help="Shortest paragraph (or line), in characters with its spacing collapsed, "
+            "that counts as boilerplate: shorter ones are common phrases and headings "
+            f"(default {_BOILERPLATE.min_chars}).")
+        group.add_argument(
+            "--boilerplate_min_documents", type=positive_int,
+            default=_BOILERPLATE.min_documents,
+            help="Fewest documents that must hold a paragraph for it to be boilerplate; at "
+            f"least 2 (default {_BOILERPLATE.min_documents}).")
+        group.add_argument(
+            "--boilerplate_lines", type=boolean, default=_BOILERPLATE.lines,
+            help="Also remove single long lines that many documents share inside paragraphs "
+            f"of several lines (default {str(_BOILERPLATE.lines).lower()}).")
 
 
 @dataclasses.dataclass(frozen=True)
 class KnowledgeConfig:
-    """The branch's settings; ``normalize`` or ``quality`` None turns that step off."""
+    """The branch's settings; ``normalize``, ``quality`` or ``boilerplate`` None turns that
+    step off."""
 
     block_size: int
     remainder: str
     normalize: NormalizeConfig | None = dataclasses.field(default_factory=NormalizeConfig)
     quality: QualityConfig | None = dataclasses.field(default_factory=QualityConfig)
     dedup: DedupConfig = dataclasses.field(default_factory=DedupConfig)
+    boilerplate: BoilerplateConfig | None = dataclasses.field(default_factory=BoilerplateConfig)
     write_documents: bool = False
     tokenize_only: bool = False  # no step before tokenization (see --tokenize_only)
+
+    @property
+    def first_pass(self) -> bool:
+        """Whether the branch reads its inputs twice: deduplication and boilerplate removal
+        need the whole dataset before they can drop or remove anything."""
+        return self.dedup.active or self.boilerplate is not None
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> KnowledgeConfig:
@@ -170,6 +206,9 @@ class KnowledgeConfig:
             dedup=DedupConfig(view.dedup if curates else "none", view.dedup_ngram,
                               view.dedup_num_perm, view.dedup_bands, view.dedup_threshold,
                               view.dedup_rounds),
+            boilerplate=BoilerplateConfig(view.boilerplate_min_chars,
+                                          view.boilerplate_min_documents, view.boilerplate_lines)
+            if view.boilerplate and curates else None,
             write_documents=view.write_documents,
             tokenize_only=view.tokenize_only,
         )

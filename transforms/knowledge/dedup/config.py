@@ -36,5 +36,27 @@ class DedupConfig:
                              f"--dedup_bands={self.bands} (each band takes the same rows)")
 
     @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    @property
     def near(self) -> bool:
         return self.mode == "near"
+
+
+@dataclasses.dataclass(frozen=True)
+class BoilerplateConfig:
+    """Boilerplate across documents: a paragraph of at least ``min_chars`` characters (spacing
+    collapsed) that ``min_documents`` or more documents hold stays only in the first of them
+    by the run's order and is removed from the others; with ``lines``, each line of at least
+    ``min_chars`` inside a paragraph of several lines counts too. A document left with fewer
+    words than the quality rules' ``--min_words`` is filtered."""
+
+    min_chars: int = 100
+    min_documents: int = 3
+    lines: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_documents < 2:
+            raise ValueError(f"--boilerplate_min_documents={self.min_documents} must be at "
+                             "least 2: a paragraph in one document is no boilerplate")

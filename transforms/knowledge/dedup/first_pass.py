@@ -17,7 +17,7 @@ from transforms.curation.options import BranchCuration
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
-from transforms.knowledge.dedup.decisions import DECISIONS, WriteDecisions
+from transforms.knowledge.dedup.decisions import DECISIONS, DROPS, UNITS, WriteDecisions
 from transforms.knowledge.dedup.minhash import (
     DocumentKeys,
     MinHasher,
@@ -26,6 +26,7 @@ from transforms.knowledge.dedup.minhash import (
     file_numbering,
     record_key,
 )
+from transforms.knowledge.dedup.paragraphs import FindBoilerplate, chunk_rows, unit_hashes
 from transforms.knowledge.documents import FilterQuality, document_steps
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
@@ -37,7 +38,9 @@ SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of 
 
 
 class KeyDocuments(BackgroundWriter):
-    """Pass one of deduplication: the small keys of each document the main pass would keep.
+    """Pass one of deduplication: the small keys of each document the main pass would keep,
+    one batch per chunk: ``DocumentKeys`` unless ``--dedup=none``, and with boilerplate
+    removal on, the packed rows of its paragraphs' hashes (tagged ``UNITS``).
 
     It judges each record as the main pass does, by ``classify`` and the same document steps
     (``document_steps``: those that may drop or change a document), but counts nothing: the
@@ -65,20 +68,29 @@ class KeyDocuments(BackgroundWriter):
         dedup_config = self.config.dedup
         self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
-    def process(self, chunk: RecordChunk) -> Iterator[tuple[DocumentKeys, ...]]:
+    def process(self, chunk: RecordChunk
+                ) -> Iterator[tuple[DocumentKeys, ...] | beam.pvalue.TaggedOutput]:
         judged = [(record, found) for record in chunk.records
                   if (found := self.judge(record)) is not None]
-        kept = [(record, stats) for record, (stats, reason) in judged if reason is None]
+        kept = [(record_key(record, self.file_numbers), stats)
+                for record, (stats, reason) in judged if reason is None]
         if judged and self.token_cache is not None:
             self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
                        [stats.digest for _, (stats, _) in judged],
                        [reason for _, (_, reason) in judged],
                        [stats.text for _, stats in kept])
-        chunk = chunk_number(chunk.chunk_id)
-        keys = tuple(document_keys(record_key(record, self.file_numbers), chunk, stats,
-                                   self.config.dedup, self.hasher) for record, stats in kept)
-        if keys:
-            yield keys  # one element per chunk: a shuffled element costs more than its keys
+        if not kept:
+            return
+        number = chunk_number(chunk.chunk_id)
+        if self.config.dedup.active:
+            # one element per chunk: a shuffled element costs more than its keys
+            yield tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
+                        for key, stats in kept)
+        boilerplate = self.config.boilerplate
+        if boilerplate is not None:
+            units = [(key, unit_hashes(stats.text, boilerplate)) for key, stats in kept]
+            if any(found for _, found in units):
+                yield beam.pvalue.TaggedOutput(UNITS, chunk_rows(units, number))
 
     def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
         """The normalised document and its quality verdict (a reason code, or None to keep
@@ -137,8 +149,8 @@ def dedup_shards(shards: Sequence[ShardSpec], specs: Sequence[InputSpec]) -> lis
 
 class FindDuplicateDocuments(beam.PTransform):
     """Pass one: reads the inputs again (those not declared ``branch=instruction``), writes the
-    drop decisions of each chunk that has any to its file under ``decisions``, and returns
-    those files' paths."""
+    decisions of each chunk that has any (copies to drop, boilerplate to remove) to its file
+    under ``decisions``, and returns those files' paths."""
 
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
@@ -157,13 +169,20 @@ class FindDuplicateDocuments(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         files = file_numbering(shard.source for shard in self.shards)
-        return (
+        config = self.config
+        buckets = key_buckets(len(self.shards))
+        keyed = (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
-            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, self.config, files,
+            | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, config, files,
                                                         self.tokenizer, self.token_cache,
-                                                        self.curation))
-            | "FindDuplicates" >> FindDuplicates(self.config.dedup.threshold,
-                                                 key_buckets(len(self.shards)),
-                                                 self.config.dedup.rounds)
-            | "WriteDecisions" >> WriteDecisions(self.decisions))
+                                                        self.curation)).with_outputs(
+                UNITS, main=DROPS))
+        decisions = {}
+        if config.dedup.active:
+            decisions[DROPS] = keyed[DROPS] | "FindDuplicates" >> FindDuplicates(
+                config.dedup.threshold, buckets, config.dedup.rounds)
+        if config.boilerplate is not None:
+            decisions[UNITS] = keyed[UNITS] | "FindBoilerplate" >> FindBoilerplate(
+                config.boilerplate.min_documents, buckets)
+        return decisions | "WriteDecisions" >> WriteDecisions(self.decisions)
