@@ -10,11 +10,19 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
+from bench.corpus import base_documents
 from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import base_kind, output_kind, partition_of, partitioned_id
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
-from transforms.curation.language import LANGUAGES, LanguageConfig, identify, parse_languages
+from transforms.curation.language import (
+    DEFAULT_SAMPLE_CHARS,
+    LANGUAGES,
+    LanguageConfig,
+    identify,
+    parse_languages,
+    sample,
+)
 from transforms.curation.options import LanguageOptions, language_config
 from transforms.io.earlier_runs import earlier_run_files
 from transforms.io.manifest import build_manifest, summary_lines
@@ -48,6 +56,16 @@ def test_paragraphs_are_identified_at_least_as_well_as_published(name):
     found = [identify(text)[0] for text in texts]
     accuracy = sum(code == language for code in found) / len(texts)
     assert accuracy >= PUBLISHED_ACCURACY, (name, accuracy)
+
+
+def test_a_long_documents_middle_names_the_same_language_as_the_whole():
+    require_shared_data()  # the bench's pages of the shared pretraining text
+    long = [text for text in base_documents() if len(text) > DEFAULT_SAMPLE_CHARS]
+    assert len(long) >= 2000
+    same = sum(identify(text, DEFAULT_SAMPLE_CHARS)[0] == identify(text)[0] for text in long)
+    assert same >= 0.995 * len(long), (same, len(long))
+    assert sample("ab" * 10, 4) == "abab"[0:4] and sample("0123456789", 4) == "3456"
+    assert sample("short", 4000) == "short" and sample("0123456789", 0) == "0123456789"
 
 
 def test_han_text_without_kana_is_chinese_and_codes_are_iso():

@@ -94,6 +94,11 @@ class LanguageOptions(PipelineOptions):
             "'low_language_score' when the model's probability for it is lower (default "
             f"{_LANGUAGE.min_score}, FineWeb's).")
         group.add_argument(
+            "--language_sample_chars", type=non_negative_int, default=_LANGUAGE.sample_chars,
+            help="Characters of a longer document the model reads, from its middle (default "
+            f"{_LANGUAGE.sample_chars}; 0 reads the whole document, at a cost that grows with "
+            "its length).")
+        group.add_argument(
             "--partition_by_language", type=boolean, default=_LANGUAGE.partition,
             help="Write each language's pretraining blocks to pretrain/language=XX/ (Hive-style "
             "folders that pyarrow.dataset reads as a 'language' column); needs --languages, so "
@@ -197,7 +202,7 @@ def language_config(opts: LanguageOptions) -> LanguageConfig:
         raise ValueError("--partition_by_language needs --languages (e.g. --languages=en,ko): "
                          "each language's folder is planned before the run")
     return LanguageConfig(opts.language_id, tuple(opts.languages), opts.min_language_score,
-                          opts.partition_by_language)
+                          opts.partition_by_language, opts.language_sample_chars)
 
 
 def mix_config(branch: str, inputs: Sequence[InputSpec], scale: str,

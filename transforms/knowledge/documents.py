@@ -143,7 +143,7 @@ class IdentifyLanguage(DocumentStep):
         self.changes_documents = config.filters
 
     def judge(self, record: Record, known: None) -> Record | Drop:
-        language, score = identify(record.value)
+        language, score = identify(record.value, self.config.sample_chars)
         config = self.config
         if config.filters and language not in config.languages:
             return Drop(LANGUAGE_NOT_SELECTED, f"identified as {language} (score {score:.2f}), "
