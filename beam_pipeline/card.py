@@ -112,11 +112,14 @@ def build_card(manifest: Mapping) -> str:
                          f"{sum(f['rows'] for f in files):,} |")
     parts += [
         "", "## Columns", "",
-        f"- `pretrain`: `input_ids` (exactly {know['block_size']} token ids per row) and "
-        "`seq_lengths` (the lengths of the document pieces in the block).",
+        f"- `pretrain`: `input_ids` (exactly {know['block_size']} token ids per row), "
+        "`seq_lengths` (the lengths of the document pieces in the block) and `sources` (per "
+        "piece, the index of the input it came from in `manifest.json`'s `inputs`; `-1` for "
+        "padding).",
         f"- `sft`: `input_ids`, `labels` (`-100` where no loss: everything but assistant "
-        "replies, and each segment's first token), `position_ids` (restart at 0 per example) "
-        f"and `seq_lengths` (one per packed example); at most {inst['seq_len']} tokens a row.",
+        "replies, and each segment's first token), `position_ids` (restart at 0 per example), "
+        "`seq_lengths` (one per packed example) and `sources` (each example's input, as for "
+        f"`pretrain`); at most {inst['seq_len']} tokens a row.",
         "- `rejected/*.jsonl` (not a config: JSON lines): the records that could not be used, "
         "with source, position, reason and the raw record; "
         '`load_dataset("json", data_files="rejected/*.jsonl")` reads them.', "",

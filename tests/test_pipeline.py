@@ -5,6 +5,7 @@ the outputs back the way a training loader would and check them against independ
 references: the tokenizer's own decoding, the readers' records and the manifest's arithmetic.
 """
 
+import collections
 import json
 import os
 import unicodedata
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -122,8 +124,8 @@ def test_manifest_accounts_for_every_record(in_memory):
 def test_outputs_are_sharded_zstd_parquet_with_the_contract_schema(in_memory):
     output, manifest = in_memory
     for kind, columns in (
-        ("pretrain", ["input_ids", "seq_lengths"]),
-        ("sft", ["input_ids", "labels", "position_ids", "seq_lengths"]),
+        ("pretrain", ["input_ids", "seq_lengths", "sources"]),
+        ("sft", ["input_ids", "labels", "position_ids", "seq_lengths", "sources"]),
     ):
         files = sorted((output / kind).glob("*.parquet"))
         assert [f.name for f in files] == [f"part-{i:05d}-of-00003.parquet" for i in range(3)]
@@ -186,6 +188,67 @@ def test_blocks_are_the_documents_in_order_then_the_joined_leftovers(padded, qwe
     ids = read_kind(output, "pretrain").column("input_ids").combine_chunks().values
     assert np.asarray(ids).tolist() == expected
     assert manifest["knowledge"]["remainder_tokens"] == 0
+
+
+def token_sources(table: pa.Table) -> np.ndarray:
+    """Each token's ``sources`` entry: its piece's, repeated over the piece's length."""
+    lengths = pc.list_value_length(table["sources"])
+    assert lengths.equals(pc.list_value_length(table["seq_lengths"]))
+    return np.repeat(pc.list_flatten(table["sources"]).to_numpy(),
+                     pc.list_flatten(table["seq_lengths"]).to_numpy())
+
+
+def test_block_pieces_of_each_input_are_that_inputs_documents(padded, qwen_tokenizer):
+    """The tokens whose piece names input ``i`` are input ``i``'s documents, whole and in
+    order, though pieces are cut at block edges and the leftovers joined across inputs; the
+    padding names no input."""
+    output, manifest = padded
+    end_of_text = qwen_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    table = read_kind(output, "pretrain")
+    ids = pc.list_flatten(table["input_ids"]).to_numpy()
+    sources = token_sources(table)
+    indices = [INPUTS.index(value) for value in KNOWLEDGE_INPUTS]
+    for index, docs in zip(indices, _documents_per_input(), strict=True):
+        mine = ids[sources == index].tolist()
+        assert qwen_tokenizer.decode(mine) == "".join(d + "<|endoftext|>" for d in docs)
+    assert set(np.unique(sources).tolist()) == {*indices, -1}
+    assert ids[sources == -1].tolist() == [end_of_text] * manifest["knowledge"]["pad_tokens"]
+
+
+def test_sources_add_up_to_each_inputs_tokens(padded):
+    """Per input, the pieces' lengths sum to its tokenized tokens in the manifest (plus an
+    end-of-text per document in blocks); nothing is left out here, and only padding is -1."""
+    output, manifest = padded
+    for kind, branch, separators in (("pretrain", "knowledge", True),
+                                     ("sft", "instruction", False)):
+        table = read_kind(output, kind)
+        found = collections.Counter(token_sources(table).tolist())
+        expected = {entry["index"]: entry["tokenized"][branch]["tokens"]
+                    + separators * entry["tokenized"][branch]["records"]
+                    for entry in manifest["inputs"] if branch in entry["tokenized"]}
+        if kind == "pretrain":
+            expected[-1] = manifest["knowledge"]["pad_tokens"]
+        assert found == expected
+    assert [entry["index"] for entry in manifest["inputs"]] == list(range(len(INPUTS)))
+
+
+def test_sft_segments_of_gsm8k_are_exactly_its_questions(padded, qwen_tokenizer):
+    """A segment names GSM8K's input (index 5) exactly when it renders one of its questions."""
+    output, _ = padded
+    path = INPUTS[5].partition("#")[0]
+    questions = [unicodedata.normalize("NFC", json.loads(line)["question"])
+                 for line in Path(path).read_text().splitlines()]
+    table = read_kind(output, "sft")
+    ids = pc.list_flatten(table["input_ids"]).to_numpy()
+    lengths = pc.list_flatten(table["seq_lengths"]).to_numpy()
+    sources = pc.list_flatten(table["sources"]).to_numpy()
+    found = 0
+    for segment, source in zip(np.split(ids, np.cumsum(lengths)[:-1]), sources, strict=True):
+        text = qwen_tokenizer.decode(segment.tolist())
+        asks = any(question in text for question in questions)
+        assert asks == (source == 5)
+        found += asks
+    assert found == len(questions)
 
 
 def test_sft_rows_respect_seq_len_and_segment_boundaries(in_memory):

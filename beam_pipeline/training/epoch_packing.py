@@ -5,9 +5,10 @@ With ``--write_examples=true`` it also writes the examples unpacked (``OUTPUT/sf
 ``EpochPacks`` reads those through ``PackedRows`` (dealt evenly over ranks, shuffled per epoch)
 and packs them with the pipeline's own packer (``pack_best_fit_decreasing`` and
 ``build_packed_rows`` from ``transforms.core.packing``: the same bins, the same labels with the
-first token of every segment masked, the same ``position_ids`` and ``seq_lengths``), one group
-of ``group_examples`` examples at a time, so memory and the latency of the first pack stay
-bounded. The rows it yields are the pipeline's packed rows: ``PackedCollator`` takes them.
+first token of every segment masked, the same ``position_ids``, ``seq_lengths`` and
+``sources``), one group of ``group_examples`` examples at a time, so memory and the latency of
+the first pack stay bounded. The rows it yields are the pipeline's packed rows:
+``PackedCollator`` takes them.
 
 ``EpochPackDataset`` is the same as a PyTorch ``IterableDataset``; importing this module needs
 no torch.
@@ -24,7 +25,7 @@ import numpy as np
 from beam_pipeline.training.loader import PackedRows, lazy_torch_dataset, table_rows
 from transforms.core.packing import build_packed_rows, pack_best_fit_decreasing
 
-EXAMPLE_COLUMNS = ("input_ids", "labels")
+EXAMPLE_COLUMNS = ("input_ids", "labels", "sources")
 
 
 class EpochPacks(PackedRows):
@@ -73,7 +74,8 @@ class EpochPacks(PackedRows):
             key = [*self.deal().key, group]
             bins = [bins[i] for i in np.random.default_rng(key).permutation(len(bins))]
         table = build_packed_rows([e["input_ids"] for e in examples],
-                                  [e["labels"] for e in examples], bins)
+                                  [e["labels"] for e in examples], bins,
+                                  [e["sources"][0] for e in examples])
         return list(table_rows(table))
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

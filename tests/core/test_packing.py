@@ -14,13 +14,19 @@ from hypothesis import strategies as st
 
 from transforms.core import packing
 from transforms.core.packing import (
+    NO_SOURCE,
     PRETRAIN_SCHEMA,
     SFT_SCHEMA,
+    Blocks,
     blocks_to_table,
     build_packed_rows,
     concat_blocks,
+    cut_blocks,
+    join_documents,
+    join_streams,
     pack_best_fit_decreasing,
     packing_efficiency,
+    pad_packs,
 )
 from transforms.core.vocabulary import (
     IGNORE_INDEX,
@@ -159,16 +165,49 @@ def test_non_int_arguments_are_type_errors() -> None:
 
 
 def test_blocks_to_table() -> None:
-    table = blocks_to_table(concat_blocks(arrays([1, 2, 3], [4, 5]), 3, 0))
+    table = blocks_to_table(concat_blocks(arrays([1, 2, 3], [4, 5]), 3, 0, sources=[4, 7]))
     assert table.schema == PRETRAIN_SCHEMA
-    assert table.to_pydict() == {"input_ids": [[1, 2, 3], [0, 4, 5]], "seq_lengths": [[3], [1, 2]]}
+    assert table.to_pydict() == {"input_ids": [[1, 2, 3], [0, 4, 5]],
+                                 "seq_lengths": [[3], [1, 2]], "sources": [[4], [4, 7]]}
     empty = blocks_to_table(concat_blocks([], 3, 0))
     assert empty.schema == PRETRAIN_SCHEMA and empty.num_rows == 0
+
+
+def test_sources_follow_pieces_across_block_edges_and_padding() -> None:
+    """A document cut at a block edge gives both pieces its input; the pad run has none."""
+    b = concat_blocks(arrays([1, 2, 3, 4], [5]), 3, 0, remainder="pad", pad_id=9, sources=[2, 5])
+    assert [s.tolist() for s in b.seq_lengths] == [[3], [2, 1], [1, 2]]
+    assert [s.tolist() for s in b.sources] == [[2], [2, 5], [5, NO_SOURCE]]
+
+
+def test_sources_must_match_the_documents() -> None:
+    with pytest.raises(ValueError, match="2 sources for 1 items"):
+        join_documents(arrays([1]), 0, sources=[0, 1])
+    with pytest.raises(ValueError, match="int32 range"):
+        join_documents(arrays([1]), 0, sources=[2**31])
+    stream = join_documents(arrays([1]), 0)
+    assert stream.piece_sources.tolist() == [NO_SOURCE]
 
 
 # ---------------------------------------------------------------- concat_blocks, properties
 
 docs_strategy = st.lists(st.lists(st.integers(1, 2**31 - 1), max_size=12), max_size=12)
+
+
+def token_sources(lengths: list[np.ndarray], sources: list[np.ndarray]) -> list[int]:
+    """Each token's input, read off the pieces' lengths and sources."""
+    return [int(s) for ls, ss in zip(lengths, sources, strict=True)
+            for s in np.repeat(ss, ls)]
+
+
+def reference_sources(docs: list[list[int]], sources: list[int]) -> list[int]:
+    """Each token's input in the joined stream: its document's, separator included."""
+    return [source for doc, source in zip(docs, sources, strict=True) for _ in range(len(doc) + 1)]
+
+
+def blocks_token_sources(b: Blocks) -> list[int]:
+    assert [len(s) for s in b.sources] == [len(s) for s in b.seq_lengths]
+    return token_sources(b.seq_lengths, b.sources)
 
 
 @SETTINGS
@@ -192,6 +231,45 @@ def test_blocks_conserve_tokens(docs: list[list[int]], block_size: int, remainde
     table = blocks_to_table(b)
     assert table.column("input_ids").to_pylist() == b.input_ids.tolist()
     assert table.column("seq_lengths").to_pylist() == [s.tolist() for s in b.seq_lengths]
+    assert table.column("sources").to_pylist() == [s.tolist() for s in b.sources]
+
+
+@SETTINGS
+@given(docs=docs_strategy, block_size=st.integers(1, 9), remainder=st.sampled_from(["drop", "pad"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_blocks_sources_give_every_token_its_document_input(
+    docs: list[list[int]], block_size: int, remainder: str, seed: int
+) -> None:
+    sources = np.random.default_rng(seed).integers(0, 4, len(docs)).tolist()
+    b = concat_blocks(arrays(*docs), block_size, 0, remainder=remainder, pad_id=-1,
+                      sources=sources)
+    expected = reference_sources(docs, sources) + [NO_SOURCE] * b.pad_tokens
+    assert blocks_token_sources(b) == expected[: b.tokens_out]
+
+
+@SETTINGS
+@given(chunks=st.lists(docs_strategy, min_size=1, max_size=4), block_size=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_carried_tails_keep_their_sources_when_joined(
+    chunks: list[list[list[int]]], block_size: int, seed: int
+) -> None:
+    """Each chunk's full blocks, then its tail joined with the other chunks' tails (as the
+    knowledge branch does): every token keeps its document's input."""
+    rng = np.random.default_rng(seed)
+    heads, tails, expected_heads, expected_tails = [], [], [], []
+    for docs in chunks:
+        sources = rng.integers(0, 4, len(docs)).tolist()
+        b = cut_blocks(join_documents(arrays(*docs), 0, sources), block_size, "carry")
+        heads.append(b)
+        tails.append(b.tail)
+        reference = reference_sources(docs, sources)
+        expected_heads += reference[: b.tokens_out]
+        expected_tails += reference[b.tokens_out:]
+        assert b.tail.piece_lengths.sum() == len(b.tail.tokens)
+        assert len(b.tail.piece_sources) == len(b.tail.piece_lengths)
+    last = cut_blocks(join_streams(tails), block_size, "pad", pad_id=-1)
+    found = [t for b in [*heads, last] for t in blocks_token_sources(b)]
+    assert found == expected_heads + expected_tails + [NO_SOURCE] * last.pad_tokens
 
 
 @SETTINGS
@@ -324,7 +402,7 @@ def test_bfd_invariants_and_reference(lengths: list[int], capacity: int, max_seg
 def test_build_packed_rows_by_hand() -> None:
     ids = arrays([5, 6, 7], [8, 9], [10, 11, 12, 13])
     labels = arrays([-100, 6, 7], [8, 9], [-100, -100, 12, 13])
-    table = build_packed_rows(ids, labels, [np.array([2, 0]), np.array([1])])
+    table = build_packed_rows(ids, labels, [np.array([2, 0]), np.array([1])], [3, 0, 1])
     assert table.schema == SFT_SCHEMA
     assert table.to_pylist() == [
         {
@@ -332,28 +410,32 @@ def test_build_packed_rows_by_hand() -> None:
             "labels": [-100, -100, 12, 13, -100, 6, 7],
             "position_ids": [0, 1, 2, 3, 0, 1, 2],
             "seq_lengths": [4, 3],
+            "sources": [1, 3],
         },
-        {"input_ids": [8, 9], "labels": [-100, 9], "position_ids": [0, 1], "seq_lengths": [2]},
+        {"input_ids": [8, 9], "labels": [-100, 9], "position_ids": [0, 1], "seq_lengths": [2],
+         "sources": [0]},
     ]
     assert labels[1].tolist() == [8, 9]  # the caller's arrays are not modified
 
 
 def test_build_packed_rows_empty_and_errors() -> None:
-    empty = build_packed_rows([], [], [])
+    empty = build_packed_rows([], [], [], [])
     assert empty.schema == SFT_SCHEMA and empty.num_rows == 0
     with pytest.raises(ValueError, match="labels"):
-        build_packed_rows(arrays([1, 2]), arrays([1]), [np.array([0])])
+        build_packed_rows(arrays([1, 2]), arrays([1]), [np.array([0])], [0])
     with pytest.raises(ValueError, match="labels"):
-        build_packed_rows(arrays([1, 2]), [], [np.array([0])])
+        build_packed_rows(arrays([1, 2]), [], [np.array([0])], [0])
     with pytest.raises(ValueError, match="outside"):
-        build_packed_rows(arrays([1, 2]), arrays([1, 2]), [np.array([1])])
+        build_packed_rows(arrays([1, 2]), arrays([1, 2]), [np.array([1])], [0])
     with pytest.raises(ValueError, match="outside"):
-        build_packed_rows(arrays([1, 2]), arrays([1, 2]), [np.array([-1])])
+        build_packed_rows(arrays([1, 2]), arrays([1, 2]), [np.array([-1])], [0])
+    with pytest.raises(ValueError, match="sources"):
+        build_packed_rows(arrays([1, 2]), arrays([1, 2]), [np.array([0])], [0, 1])
 
 
 def test_schemas_are_int32_lists() -> None:
-    assert PRETRAIN_SCHEMA.names == ["input_ids", "seq_lengths"]
-    assert SFT_SCHEMA.names == ["input_ids", "labels", "position_ids", "seq_lengths"]
+    assert PRETRAIN_SCHEMA.names == ["input_ids", "seq_lengths", "sources"]
+    assert SFT_SCHEMA.names == ["input_ids", "labels", "position_ids", "seq_lengths", "sources"]
     for field in [*PRETRAIN_SCHEMA, *SFT_SCHEMA]:
         assert field.type == pa.list_(pa.int32())
 
@@ -369,13 +451,15 @@ examples_strategy = st.lists(
 def test_packed_rows_roundtrip(examples: list[list[tuple[int, bool]]], capacity: int) -> None:
     ids = [np.array([t for t, _ in ex], dtype=np.int32) for ex in examples]
     labels = [np.array([t if trained else IGNORE_INDEX for t, trained in ex]) for ex in examples]
+    sources = np.arange(len(ids), dtype=np.int32) % 3
     bins = pack_best_fit_decreasing(np.array([len(x) for x in ids], dtype=np.int64), capacity)
-    table = build_packed_rows(ids, labels, bins)
+    table = build_packed_rows(ids, labels, bins, sources)
     assert table.num_rows == len(bins)
     rows = table.to_pylist()
     for b, row in zip(bins, rows, strict=True):
         assert len(row["input_ids"]) <= capacity
         assert row["seq_lengths"] == [len(ids[i]) for i in b]
+        assert row["sources"] == sources[b].tolist()
         n = len(row["input_ids"])
         assert len(row["labels"]) == len(row["position_ids"]) == n == sum(row["seq_lengths"])
         start = 0
@@ -389,6 +473,23 @@ def test_packed_rows_roundtrip(examples: list[list[tuple[int, bool]]], capacity:
     assert real == sum(len(r["input_ids"]) for r in rows)
     if bins:
         assert 0 < packing_efficiency(real, len(bins), capacity) <= 1
+
+
+@SETTINGS
+@given(examples=examples_strategy, capacity=st.integers(40, 120))
+def test_padded_packs_give_the_padding_no_source(examples: list[list[tuple[int, bool]]],
+                                                 capacity: int) -> None:
+    ids = [np.array([t for t, _ in ex], dtype=np.int32) for ex in examples]
+    labels = [np.array([t if trained else IGNORE_INDEX for t, trained in ex]) for ex in examples]
+    sources = np.arange(len(ids), dtype=np.int32) % 3
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    bins = pack_best_fit_decreasing(lengths, capacity)
+    table = build_packed_rows(*pad_packs(ids, labels, bins, sources, lengths, capacity, 0)[:4])
+    for b, row in zip(bins, table.to_pylist(), strict=True):
+        room = capacity - int(lengths[b].sum())
+        assert len(row["input_ids"]) == capacity
+        assert row["sources"] == sources[b].tolist() + [NO_SOURCE] * bool(room)
+        assert row["seq_lengths"][-1] == (room or lengths[b[-1]])
 
 
 # ---------------------------------------------------------------- efficiency

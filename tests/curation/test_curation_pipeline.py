@@ -1,6 +1,7 @@
 """Mixing, curriculum phases, validation splits and decontamination, end to end on the shared
 data: shares reached, phases apart, validation stable and disjoint, planted test data removed."""
 
+import collections
 import itertools
 import json
 import re
@@ -61,6 +62,23 @@ def segments(row: dict) -> list[tuple[int, ...]]:
     return [tuple(ids[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
+def tokens_per_input(found: list[dict]) -> collections.Counter:
+    """Tokens per ``sources`` entry over the rows, each piece's length to its input."""
+    counts: collections.Counter = collections.Counter()
+    for row in found:
+        assert len(row["sources"]) == len(row["seq_lengths"])
+        for source, length in zip(row["sources"], row["seq_lengths"], strict=True):
+            counts[source] += length
+    return counts
+
+
+def mixed_tokens(manifest: dict, branch: str) -> dict[int, int]:
+    """Per input index, the tokens mixing wrote of its source."""
+    index = {entry["name"]: entry["index"] for entry in manifest["inputs"]}
+    return {index[name]: figures["tokens_out"]
+            for name, figures in manifest["mixing"][branch].items()}
+
+
 def assert_shares(report: dict, mix: dict) -> None:
     total = sum(weight for _, weight in mix.values())
     assert set(report) == set(mix)
@@ -105,6 +123,8 @@ def test_scaling_up_repeats_records_and_leaves_none_out(tmp_path):
     assert all(s["records_out"] >= s["records_in"] for s in report.values())
     assert report["code"]["records_out"] > 2 * report["code"]["records_in"]
     assert manifest["records"]["balanced"]
+    # every copy of a repeated record names its input
+    assert tokens_per_input(rows(tmp_path, "sft")) == mixed_tokens(manifest, "instruction")
 
 
 def test_knowledge_shares_hold_when_recounted_from_the_inputs(tmp_path, qwen_tokenizer):
@@ -203,6 +223,22 @@ def test_validation_split_is_held_out_and_disjoint_from_train(split_runs):
     assert validation and not set(validation) & train  # copies of a record stay together
     assert len(rows(output, "validation/pretrain")) == held["knowledge"]["blocks"] > 0
     assert all(len(r["input_ids"]) == 512 for r in rows(output, "validation/pretrain"))
+
+
+def test_sources_name_the_inputs_of_both_splits_after_mixing(split_runs):
+    """Training rows hold per input what mixing wrote of it (blocks less the dropped
+    remainder); validation rows come from the same inputs, their tokens the split's."""
+    (output, manifest), _ = split_runs
+    know, held = manifest["knowledge"], manifest["validation"]
+    assert tokens_per_input(rows(output, "sft")) == mixed_tokens(manifest, "instruction")
+    [(web, tokens)] = mixed_tokens(manifest, "knowledge").items()
+    assert tokens_per_input(rows(output, "pretrain")) == {web: tokens - know["remainder_tokens"]}
+    validation = tokens_per_input(rows(output, "validation/sft"))
+    assert set(validation) == set(mixed_tokens(manifest, "instruction"))
+    assert sum(validation.values()) == held["instruction"]["packed_tokens"]
+    held_blocks = held["knowledge"]
+    assert tokens_per_input(rows(output, "validation/pretrain")) == {web: (
+        held_blocks["tokens"] + held_blocks["documents"] - held_blocks["remainder_tokens"])}
 
 
 def test_validation_split_and_mixing_are_the_same_on_every_runner(split_runs):

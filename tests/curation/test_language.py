@@ -4,6 +4,7 @@ reasons, and the manifest's counts per language."""
 
 import json
 
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -162,6 +163,13 @@ def test_each_language_is_written_to_its_own_partition_read_back_by_pyarrow(lang
     assert all(sum(lengths) == block_size for lengths in table["seq_lengths"].to_pylist())
     rows = {language: table.filter(ds.field("language") == language).num_rows
             for language in ("en", "ko")}
+    # a block's pieces name the inputs of its language: Korean came from ko.jsonl (input 1)
+    # alone, English from en.jsonl and the few Chinese replies taken for English
+    sources = {language: set(pc.list_flatten(table.filter(ds.field("language") == language)[
+        "sources"]).to_pylist()) for language in ("en", "ko")}
+    assert sources["ko"] == {1} and {0} <= sources["en"] <= {0, 2}
+    assert pc.list_value_length(table["sources"]).equals(
+        pc.list_value_length(table["seq_lengths"]))
     # blocks hold one language each: a language's rows are at most its tokens / block size
     for language, count in rows.items():
         tokens = manifest["languages"]["by_language"][language]["tokens"]

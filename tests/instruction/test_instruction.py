@@ -247,19 +247,25 @@ def test_padded_rows_have_a_pad_segment_and_at_most_two_examples(variant, qwen_t
     output, manifest = variant
     pad = qwen_tokenizer.pad_token_id
     pad_tokens = 0
+    per_input: collections.Counter = collections.Counter()
     for row in sft_rows(output):
         assert len(row["input_ids"]) == sum(row["seq_lengths"]) == SMALL_SEQ_LEN
         assert row["position_ids"] == [p for n in row["seq_lengths"] for p in range(n)]
-        parts = segments(row)
+        parts, sources = segments(row), row["sources"]
+        assert len(sources) == len(parts)
         ids, labels = parts[-1]
-        if (ids == pad).all():  # the room left by the examples, as its own segment
-            assert (labels == -100).all()
+        if (ids == pad).all():  # the room left by the examples, as its own segment of no input
+            assert (labels == -100).all() and sources[-1] == -1
             pad_tokens += len(ids)
-            parts = parts[:-1]
+            parts, sources = parts[:-1], sources[:-1]
         assert 1 <= len(parts) <= 2
         assert all((ids != pad).any() for ids, _ in parts)
+        for (ids, _), source in zip(parts, sources, strict=True):
+            per_input[source] += len(ids)
     inst = manifest["instruction"]
     assert pad_tokens == inst["pad_tokens"] > 0
+    assert per_input == {entry["index"]: entry["tokenized"]["instruction"]["tokens"]
+                         for entry in manifest["inputs"] if "instruction" in entry["tokenized"]}
     assert inst["packing_efficiency"] == pytest.approx(
         inst["tokens"] / (inst["packs"] * SMALL_SEQ_LEN), abs=1e-6)
 

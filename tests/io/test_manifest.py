@@ -68,13 +68,13 @@ def test_manifest_counts_per_input_and_the_reject_guard_names_the_culprit():
              "source.0.instruction.truncated": 2, "source.0.instruction.truncated_tokens": 90}
     manifest = build_manifest(stats, [], CONFIG, {})
     assert manifest["inputs"] == [
-        {"pattern": "a.jsonl", "name": None, "read": 6, "rejected": {},
+        {"index": 0, "pattern": "a.jsonl", "name": None, "read": 6, "rejected": {},
          "filtered": {"too_long": 1},
          "tokenized": {"instruction": {"records": 5, "tokens": 700,
                                        "histogram": {"<=128": 3, "<=256": 2},
                                        "trained_tokens": 210, "short_replies": 1,
                                        "truncated": 2, "truncated_tokens": 90}}},
-        {"pattern": "b/*.json", "name": None, "read": 4,
+        {"index": 1, "pattern": "b/*.json", "name": None, "read": 4,
          "rejected": {"malformed_json": 1, "unclassifiable": 3}, "filtered": {},
          "tokenized": {}},
     ]

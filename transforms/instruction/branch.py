@@ -39,6 +39,7 @@ from transforms.core.steps import (
     Part,
     Started,
     StepChain,
+    TailGroup,
     TailPlan,
     apply_step,
     output_kind,
@@ -86,7 +87,7 @@ class ConversationChunk(Chunk):
 class EncodedChunk(Chunk):
     chunk_id: str
     examples: tuple[EncodedExample, ...]
-    origins: tuple[Origin, ...] = ()  # per example, for mixing's accounting
+    origins: tuple[Origin, ...] = ()  # per example: mixing's accounting, packs' sources
 
     def record_tokens(self) -> np.ndarray:
         return np.fromiter((len(e.input_ids) for e in self.examples), np.int64,
@@ -99,6 +100,10 @@ class EncodedChunk(Chunk):
     def take(self, indices: Sequence[int]) -> EncodedChunk:
         return EncodedChunk(self.chunk_id, tuple(self.examples[i] for i in indices),
                             tuple(self.origins[i] for i in indices))
+
+    def sources(self) -> np.ndarray:
+        """Each example's input index: what the packed rows' ``sources`` say."""
+        return np.fromiter((origin[2] for origin in self.origins), np.int32, len(self.origins))
 
     def counts(self) -> dict[str, int]:
         return {"instruction.examples": len(self.examples),
@@ -263,16 +268,18 @@ class EncodeConversations(OverlappedStep):
 
 
 class WriteExamples(ChunkStep):
-    """Passes a chunk on and writes its examples unpacked (``input_ids``, ``labels``), the rows
-    a loader packs anew each epoch: exactly the examples the next step packs."""
+    """Passes a chunk on and writes its examples unpacked (``input_ids``, ``labels``, and
+    ``sources`` holding the one segment's input index, as in packed rows), the rows a loader
+    packs anew each epoch: exactly the examples the next step packs."""
 
     step_name = "write_examples"
 
     def run(self, chunk: EncodedChunk) -> Iterator[EncodedChunk | beam.pvalue.TaggedOutput]:
         table = pa.Table.from_arrays(
             [pa.array([e.input_ids for e in chunk.examples], pa.list_(pa.int32())),
-             pa.array([e.labels for e in chunk.examples], pa.list_(pa.int32()))],
-            names=["input_ids", "labels"])
+             pa.array([e.labels for e in chunk.examples], pa.list_(pa.int32())),
+             pa.array([[source] for source in chunk.sources().tolist()], pa.list_(pa.int32()))],
+            names=["input_ids", "labels", "sources"])
         self.count("instruction.examples_written", table.num_rows)
         yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT_EXAMPLES, chunk.chunk_id),
                                                    chunk.chunk_id, self.step_name, table))
@@ -283,8 +290,9 @@ class PackSequences(ChunkStep):
     """Packs a chunk's examples best-fit-decreasing into rows of at most ``seq_len`` tokens.
 
     Packs filled below ``FULL_PACK`` (the last few that best-fit-decreasing opens) go on as the
-    chunk's tail and are packed again with other chunks' tails, unless ``final``. With a
-    ``pad_id``, each row's free room becomes one more segment of pad tokens with no loss.
+    chunk's tail, origins and all, and are packed again with other chunks' tails, unless
+    ``final``. With a ``pad_id``, each row's free room becomes one more segment of pad tokens
+    with no loss and no source (``NO_SOURCE``).
     """
 
     step_name = "pack"
@@ -302,29 +310,36 @@ class PackSequences(ChunkStep):
         bins = pack_best_fit_decreasing(lengths, self.seq_len, self.max_segments)
         full = [b for b in bins if self.final or self._is_full(b, lengths)]
         if full:
-            table = self._rows(examples, lengths, full)
+            table = self._rows(examples, chunk.sources(), lengths, full)
             self.count("instruction.packs", table.num_rows)
             self.count("instruction.packed_tokens", int(sum(lengths[b].sum() for b in full)))
             yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT, chunk.chunk_id),
                                                        chunk.chunk_id, self.step_name, table))
         if len(full) < len(bins):
             leftover = np.sort(np.concatenate([b for b in bins if not self._is_full(b, lengths)]))
-            yield beam.pvalue.TaggedOutput(
-                TAILS, (chunk.chunk_id, tuple(examples[i] for i in leftover)))
+            yield beam.pvalue.TaggedOutput(TAILS, (chunk.chunk_id, chunk.take(leftover.tolist())))
 
     def _is_full(self, members: np.ndarray, lengths: np.ndarray) -> bool:
         return (lengths[members].sum() >= FULL_PACK * self.seq_len
                 or len(members) == self.max_segments)
 
-    def _rows(self, examples: Sequence[EncodedExample], lengths: np.ndarray,
-              bins: list[np.ndarray]) -> pa.Table:
+    def _rows(self, examples: Sequence[EncodedExample], sources: np.ndarray,
+              lengths: np.ndarray, bins: list[np.ndarray]) -> pa.Table:
         ids = [e.input_ids for e in examples]
         labels = [e.labels for e in examples]
         if self.pad_id is not None:
-            ids, labels, bins, pad_tokens = pad_packs(ids, labels, bins, lengths, self.seq_len,
-                                                      self.pad_id)
+            ids, labels, bins, sources, pad_tokens = pad_packs(
+                ids, labels, bins, sources, lengths, self.seq_len, self.pad_id)
             self.count("instruction.pad_tokens", pad_tokens)
-        return build_packed_rows(ids, labels, bins)
+        return build_packed_rows(ids, labels, bins, sources)
+
+
+def join_tails(group: TailGroup) -> EncodedChunk:
+    """The leftover examples of a group's chunks, in chunk order, with their origins."""
+    return EncodedChunk(
+        group.chunk_id,
+        tuple(itertools.chain.from_iterable(chunk.examples for chunk in group.items)),
+        tuple(itertools.chain.from_iterable(chunk.origins for chunk in group.items)))
 
 
 class InstructionBranch(beam.PTransform):
@@ -367,8 +382,7 @@ class InstructionBranch(beam.PTransform):
                             TAILS)
         tails = (packed[TAILS]
                  | "GatherTails" >> GatherTails(self.tails)
-                 | "JoinTails" >> beam.Map(lambda group: EncodedChunk(
-                     group.chunk_id, tuple(itertools.chain.from_iterable(group.items)))))
+                 | "JoinTails" >> beam.Map(join_tails))
         steps.add(apply_step(tails, "PackTails", PackSequences(
             self.seq_len, self.max_segments, self.pad_id, final=True)))
         return steps.output("InstructionStats")

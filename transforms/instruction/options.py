@@ -88,8 +88,8 @@ class InstructionOptions(PipelineOptions):
         group.add_argument(
             "--write_examples", type=boolean, default=False,
             help="Also write the tokenized, masked examples unpacked to OUTPUT/sft_examples/ "
-            "(input_ids, labels; one example per row), for a loader that packs anew each epoch "
-            "(default false).")
+            "(input_ids, labels, sources; one example per row), for a loader that packs anew "
+            "each epoch (default false).")
 
 
 def system_prompt(text: str) -> str:

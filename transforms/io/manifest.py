@@ -433,6 +433,7 @@ def _inputs(stats: Mapping, inputs: Iterable[Mapping],
     for spec in inputs:
         index = spec["index"]
         entry = {
+            "index": index,  # what the rows' ``sources`` hold for this input
             "pattern": spec["pattern"],
             "name": spec.get("name"),
             "read": stats.get(f"input.{index}.read", 0),

@@ -243,7 +243,7 @@ class ConcatenateBlocks(ChunkStep):
 
     def run(self, chunk: TokenizedChunk) -> Iterator[Any]:
         blocks = concat_blocks(chunk.token_arrays, self.block_size, self.separator_id,
-                               remainder="carry")
+                               remainder="carry", sources=[o[2] for o in chunk.origins])
         self.count("knowledge.separator_tokens", len(chunk.token_arrays))
         yield from _emit(self, chunk.chunk_id, blocks)
         if len(blocks.tail.tokens):
