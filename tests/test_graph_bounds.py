@@ -126,20 +126,34 @@ def test_no_side_input_or_global_combine_grows_with_the_data(graph):
     assert ("CollectPhases", "ToList") in found, "the phases' graphs are built"
 
 
-def test_boilerplate_is_found_through_the_shuffle_with_no_side_input(graph):
-    """Boilerplate removal (on by default) groups paragraph hashes by bucket and hands each
-    chunk its own decisions in the decision files: it adds no side input or global combine."""
-    labels = set()
+def labels(pipeline: beam.Pipeline) -> set[str]:
+    """The full label of every transform in the graph, composites and their parts."""
+    found = set()
 
     def visit(applied) -> None:
-        labels.add(applied.full_label)
+        found.add(applied.full_label)
         for part in applied.parts:
             visit(part)
 
-    visit(graph._root_transform())
+    visit(pipeline._root_transform())
+    return found
+
+
+def test_boilerplate_is_found_through_the_shuffle_with_no_side_input(graph):
+    """Boilerplate removal (on by default) groups paragraph hashes by bucket and hands each
+    chunk its own decisions in the decision files: it adds no side input or global combine."""
     assert any(label.endswith("FindDuplicateDocuments/FindBoilerplate/GroupByBucket")
-               for label in labels)
+               for label in labels(graph))
     assert not [found for found in findings(graph) if "Boilerplate" in found[0]]
+
+
+def test_copies_reach_their_survivor_through_the_shuffle_with_no_side_input(graph):
+    """Each copy dropped counts for its survivor (``--write_documents``' duplicate columns) in a
+    combine per survivor, then goes to the survivor's chunk's decision file: one more shuffle,
+    and no side input or global combine."""
+    assert any(label.endswith("FindDuplicateDocuments/WriteDecisions/CountCopies/Sum")
+               for label in labels(graph))
+    assert not [found for found in findings(graph) if "CountCopies" in found[0]]
 
 
 def test_the_walk_catches_a_side_input_that_grows():

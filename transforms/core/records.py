@@ -116,6 +116,8 @@ class Record:
     language: str | None = None  # a knowledge document's language (ISO 639), once identified
     language_score: float | None = None  # the language model's probability for ``language``
     pii: tuple[tuple[str, int], ...] = ()  # personal data found in a document: (kind, spans)
+    # copies of a knowledge document dropped in its favour by deduplication: (reason, count)
+    duplicates: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:

@@ -1,9 +1,10 @@
 """``--write_documents``: a row for every kept knowledge document, written to ``documents/``.
 
 Each row holds exactly the text that was tokenized, its ids, where it came from and what the
-curation steps found in it (language, personal data, the quantities the quality rules judge),
-so that a user can run ablations, set new thresholds, or switch tokenizer by reading
-``documents/`` back with ``--tokenize_only`` instead of curating again. The rows are staged
+curation steps found in it (language, personal data, the quantities the quality rules judge,
+the copies deduplication dropped in its favour), so that a user can run ablations, set new
+thresholds, or switch tokenizer by reading ``documents/`` back with ``--tokenize_only`` instead
+of curating again. The rows are staged
 where the documents are last whole (after every filter, split and mix), so they are the ones
 the blocks hold.
 """
@@ -18,9 +19,11 @@ import pyarrow as pa
 
 from transforms.core.packing import join_documents
 from transforms.core.records import Record
+from transforms.core.vocabulary import DUPLICATE_EXACT, DUPLICATE_NEAR
 from transforms.curation.pii import KINDS
 from transforms.knowledge.quality import MEASURES, TextStats
 
+COPY_REASONS = (DUPLICATE_EXACT, DUPLICATE_NEAR)  # a column each, named by the reason code
 PII_TYPE = pa.struct([(kind, pa.int32()) for kind in KINDS])
 DOCUMENT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -35,6 +38,8 @@ DOCUMENT_SCHEMA = pa.schema([
     ("words", pa.int32()),
     *((name, pa.float32()) for name in MEASURES),
     ("pii", PII_TYPE),
+    # copies dropped in its favour by deduplication, by reason: its cluster is it and them
+    *((reason, pa.int32()) for reason in COPY_REASONS),
     ("input_ids", pa.list_(pa.int32())),  # its tokens and the end-of-text, as blocks hold them
 ])
 
@@ -63,6 +68,7 @@ def documents_table(records: Sequence[Record], token_arrays: Sequence[np.ndarray
                     separator_id: int) -> pa.Table:
     """The ``DOCUMENT_SCHEMA`` rows of a chunk's documents, in order."""
     stats = [TextStats(record.value) for record in records]
+    copies = [dict(record.duplicates) for record in records]
     columns = {
         "id": [document_id(r.source, r.position) for r in records],
         "input": [r.input_index for r in records],
@@ -76,6 +82,7 @@ def documents_table(records: Sequence[Record], token_arrays: Sequence[np.ndarray
         "words": [s.word_count for s in stats],
         **{name: [measure(s) for s in stats] for name, measure in MEASURES.items()},
         "pii": [dict.fromkeys(KINDS, 0) | dict(r.pii) for r in records],
+        **{reason: [found.get(reason, 0) for found in copies] for reason in COPY_REASONS},
         "input_ids": ids_column(token_arrays, separator_id),
     }
     return pa.table(columns, schema=DOCUMENT_SCHEMA)

@@ -214,9 +214,11 @@ class ChunkWork:
 
 
 class DropDuplicates(DocumentStep):
-    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file, and
-    takes the boilerplate units it named out of every document but the one that keeps each;
-    a document left with fewer than ``--min_words`` words (at least one) is filtered.
+    """Drops the copies that ``FindDuplicateDocuments`` named in the chunk's decision file,
+    tells each survivor how many copies went in its favour (``Record.duplicates``, for
+    ``--write_documents``), and takes the boilerplate units it named out of every document but
+    the one that keeps each; a document left with fewer than ``--min_words`` words (at least
+    one) is filtered.
 
     The side input is only the number of decision files written, so that the chunk is judged
     after every file is there; each chunk reads its own file alone. A document whose text
@@ -245,6 +247,8 @@ class DropDuplicates(DocumentStep):
         dropped = decisions.verdict(record, self.files, self.file_numbers)
         if dropped is not None:
             return dropped
+        if decisions.survivors:
+            record = decisions.credited(record, self.file_numbers)
         if not decisions.units or self.boilerplate is None:
             return record
         key = record_key(record, self.file_numbers)

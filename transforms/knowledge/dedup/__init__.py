@@ -15,7 +15,8 @@ The surviving copy is always the one with the smallest record key (input index, 
 position), whatever the runner, worker count or bundle boundaries.
 
 ``minhash``: the document keys; ``components``: the shuffle that finds and resolves copies;
-``decisions``: the per-chunk decision files; ``paragraphs``: boilerplate shared across
-documents, found from pass one's paragraph hashes and removed through the same files;
-``first_pass``: pass one's read of the inputs and its keys; ``config``: the options.
+``decisions``: the per-chunk decision files, which also tell each survivor its copies;
+``paragraphs``: boilerplate shared across documents, found from pass one's paragraph hashes and
+removed through the same files; ``first_pass``: pass one's read of the inputs and its keys;
+``config``: the options.
 """
