@@ -34,7 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.card import write_card
 from transforms.core.lengths import SHORT_REPLY_TOKENS
 from transforms.core.steps import base_kind
-from transforms.core.vocabulary import IGNORE_INDEX
+from transforms.core.vocabulary import BOILERPLATE_TOO_SHORT, IGNORE_INDEX
 from transforms.io.earlier_runs import REPORT_NAME, REPORT_TAG, check_card_place
 from transforms.io.manifest import read_manifest
 
@@ -48,6 +48,7 @@ SECTIONS = (
     ("packing", "Pack fill and segments per pack"),
     ("mixing", "Mixing shares against targets"),
     ("personal-data", "Personal data and secrets"),
+    ("boilerplate", "Boilerplate shared across documents"),
     ("languages", "Languages of knowledge documents"),
     ("domains", "Domains of documents' URLs"),
     ("validation", "Validation and decontamination"),
@@ -511,6 +512,18 @@ def _personal_data(manifest: Mapping) -> str:
             + _table(("kind", "knowledge", "instruction"), rows))
 
 
+def _boilerplate(manifest: Mapping) -> str:
+    """What boilerplate removal took out of the documents it kept, and the documents it left
+    too short to keep."""
+    if not manifest["config"]["knowledge"].get("boilerplate"):
+        return _none("boilerplate was not looked for (--boilerplate=false or --tokenize_only)")
+    removed = manifest["knowledge"]["boilerplate"]
+    too_short = manifest["knowledge"]["dropped"].get(BOILERPLATE_TOO_SHORT, 0)
+    rows = [(name.replace("_", " "), count) for name, count in removed.items()]
+    rows.append((f"documents left too short ({BOILERPLATE_TOO_SHORT})", too_short))
+    return _table(("", "count"), rows)
+
+
 LANGUAGES_DRAWN = 20
 
 
@@ -634,6 +647,7 @@ def build_report(output_dir: str) -> str:
         "packing": _packing(plt, manifest, sft, pieces),
         "mixing": _mixing(plt, manifest),
         "personal-data": _personal_data(manifest),
+        "boilerplate": _boilerplate(manifest),
         "languages": _languages(plt, manifest),
         "domains": _domains(plt, manifest),
         "validation": _validation(manifest, held_sft),

@@ -307,3 +307,16 @@ def test_top_domains_kept_and_dropped_are_drawn_and_listed(charts):
         assert [p.get_width() for p in ax.patches][::-1] == [e[metric] for e in DOMAINS[key]]
     assert "9 documents from 3 domains, 6 kept with 700 tokens; 2 filtered" in page
     assert "<td>spam.example</td><td>2</td><td>0</td><td>0</td><td>2</td>" in page
+
+
+def test_boilerplate_removed_and_documents_left_too_short_are_listed():
+    manifest = {"config": {"knowledge": {"boilerplate": {"min_chars": 100}}},
+                "knowledge": {"boilerplate": {"documents_changed": 25, "paragraphs_removed": 50,
+                                              "lines_removed": 0, "chars_removed": 17_431},
+                              "dropped": {"boilerplate_too_short": 1, "too_few_words": 3}}}
+    page = report._boilerplate(manifest)
+    assert "<td>paragraphs removed</td><td>50</td>" in page
+    assert "<td>chars removed</td><td>17,431</td>" in page
+    assert "<td>documents left too short (boilerplate_too_short)</td><td>1</td>" in page
+    manifest["config"]["knowledge"]["boilerplate"] = None
+    assert "not looked for" in report._boilerplate(manifest)
