@@ -49,9 +49,10 @@ SETTINGS = ["--block_size=512", "--seq_len=1024", "--num_shards=2", "--chunk_rec
             "--row_group_rows=64"]
 INT32_LIST = pa.list_(pa.int32())
 SCHEMAS = {
-    "pretrain": pa.schema([("input_ids", INT32_LIST), ("seq_lengths", INT32_LIST)]),
-    "sft": pa.schema([(name, INT32_LIST)
-                      for name in ("input_ids", "labels", "position_ids", "seq_lengths")]),
+    "pretrain": pa.schema([(name, INT32_LIST)
+                           for name in ("input_ids", "seq_lengths", "sources")]),
+    "sft": pa.schema([(name, INT32_LIST) for name in
+                      ("input_ids", "labels", "position_ids", "seq_lengths", "sources")]),
 }
 
 
