@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms.core.tokenizer import load_tokenizer
+from transforms.curation.pii import PiiConfig, redact
 from transforms.instruction.adapters import to_conversation
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -66,10 +67,13 @@ class Inputs:
 
 
 def clean(text: str) -> str:
-    """The normal form the pipeline's normaliser leaves: NFC, LF, single spaces, no invisibles."""
+    """The form the branch's text-changing steps leave: the normaliser's (NFC, LF, single
+    spaces, no invisibles), with personal data already replaced by its placeholders, so that
+    the output check can compare the blocks with the ceiling's tokens of these very texts."""
     text = _INVISIBLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     lines = (_SPACES.sub(" ", line).strip() for line in text.split("\n"))
-    return unicodedata.normalize("NFC", re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip())
+    normal = unicodedata.normalize("NFC", re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip())
+    return redact(normal, PiiConfig())[0]
 
 
 def _pages(text: str) -> Iterator[str]:
@@ -103,10 +107,11 @@ def base_documents(data: Path = SHARED_DATA) -> list[str]:
 
 
 def reshuffled(documents: Sequence[str], seed: int) -> list[str]:
-    """The same documents' sentences dealt out again: each document keeps its sentence count."""
+    """The same documents' sentences dealt out again: each document keeps its sentence count.
+    A copy is one paragraph: a long sentence that stood alone would otherwise stand alone in
+    many copies, and boilerplate removal would rightly take it out of all but the first."""
     pieces = [_SENTENCE.findall(doc) for doc in documents]
-    # A document's last sentence has no whitespace after it: give it one so words never merge.
-    pool = [s if s[-1:].isspace() else s + " " for doc in pieces for s in doc]
+    pool = [s.strip() + " " for doc in pieces for s in doc]
     random.Random(seed).shuffle(pool)
     out, start = [], 0
     for doc in pieces:
