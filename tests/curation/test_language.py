@@ -65,7 +65,7 @@ def test_a_long_documents_middle_names_the_same_language_as_the_whole():
     assert len(long) >= 2000
     same = sum(identify(text, DEFAULT_SAMPLE_CHARS)[0] == identify(text)[0] for text in long)
     assert same >= 0.995 * len(long), (same, len(long))
-    assert sample("ab" * 10, 4) == "abab"[0:4] and sample("0123456789", 4) == "3456"
+    assert sample("0123456789", 4) == "3456" and sample("0123456789", 5) == "23456"
     assert sample("short", 4000) == "short" and sample("0123456789", 0) == "0123456789"
 
 
