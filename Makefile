@@ -20,9 +20,11 @@ $(RUN_STAMP): requirements.txt constraints.txt setup.py
 
 # Plus test, lint and training-side tools (torch, trl, datasets) for `make test` and `make bench`,
 # and the trainers' readers the output-format tests use (litdata without its declared deps).
+# fastText's trainer goes in its own folder: it and fasttext-predict are both `import fasttext`.
 $(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt requirements-train.txt requirements-nodeps.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt -r requirements-train.txt $(CONSTRAINTS)
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt $(CONSTRAINTS)
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/fasttext-trainer fasttext-numpy2-wheel==0.9.2
 	touch $@
 
 demo: $(RUN_STAMP)

@@ -23,12 +23,14 @@ from beam_pipeline import beam_internals
 from transforms.core.option_types import boolean, fraction, non_negative_int, positive_int
 from transforms.core.records import InputSpec
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
+from transforms.core.vocabulary import KNOWLEDGE
 from transforms.curation import options as curation_options
 from transforms.curation.options import (
     CurationConfig,
     CurationOptions,
     LanguageOptions,
     PersonalDataOptions,
+    ScoreOptions,
     UrlOptions,
 )
 from transforms.instruction import options as instruction_options
@@ -163,6 +165,9 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
     if knowledge.tokenize_only and (curation.language.filters or curation.urls.active):
         raise ValueError("--tokenize_only skips every step before tokenization: drop "
                          "--languages and --url_blocklist, or curate in this run")
+    if knowledge.tokenize_only and curation.scores.for_branch(KNOWLEDGE).models:
+        raise ValueError("--tokenize_only skips every step before tokenization, scores too: "
+                         "give the knowledge branch's --quality_model in the curating run")
     if curation.partitions and formats != (PARQUET,):
         raise ValueError("--partition_by_language writes Parquet only: drop --output_format, or "
                          "run once per language with --languages=XX for another format")
@@ -195,6 +200,7 @@ OPTION_GROUPS: tuple[tuple[str, type[PipelineOptions]], ...] = (
     (curation_options.PII_GROUP, PersonalDataOptions),
     (curation_options.URL_GROUP, UrlOptions),
     (curation_options.LANGUAGE_GROUP, LanguageOptions),
+    (curation_options.SCORE_GROUP, ScoreOptions),
 )
 OWN_OPTIONS = tuple(options for _, options in OPTION_GROUPS)
 OWN_GROUPS = tuple(title for title, _ in OPTION_GROUPS)

@@ -50,6 +50,7 @@ SECTIONS = (
     ("personal-data", "Personal data and secrets"),
     ("boilerplate", "Boilerplate shared across documents"),
     ("languages", "Languages of knowledge documents"),
+    ("quality-scores", "Quality model scores"),
     ("domains", "Domains of documents' URLs"),
     ("validation", "Validation and decontamination"),
     ("tokenizer", "Tokenizer"),
@@ -553,6 +554,38 @@ def _languages(plt: Any, manifest: Mapping) -> str:
                      [(code, c["documents"], c["tokens"]) for code, c in found.items()]))
 
 
+def _quality_scores(plt: Any, manifest: Mapping) -> str:
+    """Each ``--quality_model``'s histogram of scores per branch, the threshold marked, and a
+    table of what each scored and filtered."""
+    found = [(branch, name, entry)
+             for branch, models in (manifest.get("quality_scores") or {}).items()
+             for name, entry in models.items() if entry["scored"]]
+    if not found:
+        return _none("no --quality_model was given, or it scored no record")
+    plots = []
+    for branch, name, entry in found:
+        edges = [float(edge) for edge in entry["histogram"]]
+        counts = list(entry["histogram"].values())
+
+        def draw(ax, edges=edges, counts=counts, branch=branch, name=name, entry=entry):
+            ax.bar(edges, counts, width=entry["bin_width"], align="edge", color=COLORS["share"])
+            if entry["min_score"] is not None:
+                ax.axvline(entry["min_score"], color=COLORS["filtered"], linestyle="--",
+                           label=f"--min_quality_score {entry['min_score']:g}")
+                ax.legend(loc="upper left")
+            _integer_ticks(ax.yaxis)
+            ax.set_title(f"{name} scores of {branch} records")
+            ax.set_xlabel("score")
+
+        plots.append(_figure(plt, draw))
+    return "".join(plots) + _table(
+        ("branch", "model", "kind", "scored", "mean", "minimum", "filtered"),
+        [(branch, name, entry["kind"], entry["scored"],
+          "n/a" if entry["mean"] is None else f"{entry['mean']:.4f}",
+          "none" if entry["min_score"] is None else f"{entry['min_score']:g}", entry["filtered"])
+         for branch, name, entry in found])
+
+
 def _domains(plt: Any, manifest: Mapping) -> str:
     """The domains with the most tokens kept and with the most documents dropped (the
     manifest keeps ``DOMAINS_LISTED`` of each, so the charts stay bounded)."""
@@ -649,6 +682,7 @@ def build_report(output_dir: str) -> str:
         "personal-data": _personal_data(manifest),
         "boilerplate": _boilerplate(manifest),
         "languages": _languages(plt, manifest),
+        "quality-scores": _quality_scores(plt, manifest),
         "domains": _domains(plt, manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),

@@ -39,6 +39,7 @@ METADATA_PATH = Path(__file__).resolve().parents[1] / "templates" / "flex" / "me
 TEMPLATE_NAME = "LLM training-data preparation"
 GCS_PATH = r"gs://[^\s,]+"
 SCHEMA = rf"[\w-]+={GCS_PATH}"
+MODEL = rf"([\w-]+=)?(fasttext|hf):{GCS_PATH}"
 # On Dataflow only gs:// paths are readable by the launcher and every worker, so path options
 # accept nothing else; the tokenizer may also be a Hugging Face hub id or the offline default.
 PATH_OPTIONS: dict[str, dict] = {
@@ -48,6 +49,8 @@ PATH_OPTIONS: dict[str, dict] = {
     "chat_template": {"paramType": "TEXT",
                       "regexes": [rf"^({GCS_PATH}|{'|'.join(BUILTIN_TEMPLATES)})$"]},
     "schema": {"paramType": "TEXT", "regexes": [rf"^\s*{SCHEMA}(\s*,\s*{SCHEMA})*\s*$"]},
+    "quality_model": {"paramType": "TEXT",
+                      "regexes": [rf"^\s*{MODEL}(\s*,\s*{MODEL})*\s*$"]},
 }
 # The smallest run the pipeline accepts; an option is required when leaving it out of this run
 # is refused, and every option not in it is optional.

@@ -32,7 +32,9 @@ METADATA = FLEX / "metadata.json"
 DOCKERFILE = FLEX / "Dockerfile"
 GCS_SAMPLE = "gs://my-bucket/data/part-1.jsonl"
 # Path parameters whose value is more than a path; others get GCS_SAMPLE.
-PATH_SAMPLES = {"schema": "alpaca=gs://my-bucket/schemas/alpaca.pbtxt"}
+PATH_SAMPLES = {"schema": "alpaca=gs://my-bucket/schemas/alpaca.pbtxt",
+                "quality_model": "dclm=fasttext:gs://my-bucket/models/dclm.bin#label=hq, "
+                                 "hf:gs://my-bucket/models/fineweb-edu"}
 IMAGE = "europe-west4-docker.pkg.dev/my-project-1234/dataprep/llm-dataprep:abc123"
 WORKER_IMAGE = "sdk_container_image"
 

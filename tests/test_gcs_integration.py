@@ -30,6 +30,7 @@ from tests.support.gcs import (
     storage_emulator,
     use_in_process,
 )
+from tests.support.score_models import save_tiny_bert, train_fasttext
 from transforms.io.earlier_runs import check_output_dir, clear_previous_outputs
 from transforms.io.output_lock import LOCK_NAME, Holder, acquire
 
@@ -56,11 +57,13 @@ SCHEMAS = {
 }
 
 
-def pipeline_args(inputs_dir: str, output: str, tokenizer: str, template: str) -> list[str]:
+def pipeline_args(inputs_dir: str, output: str, tokenizer: str, template: str,
+                  models: dict[str, str]) -> list[str]:
     return [
         *(f"--input={value.replace('PATH', inputs_dir)}" for _, value in INPUTS),
         f"--output={output}", f"--tokenizer={tokenizer}", f"--chat_template={template}",
-        *SETTINGS,
+        f"--quality_model=ft=fasttext:{models['ft']}#label=hq",
+        f"--quality_model=bert=hf:{models['bert']}#branch=knowledge", *SETTINGS,
     ]
 
 
@@ -106,17 +109,33 @@ def tokenizer_dir(tmp_path_factory, qwen_tokenizer) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uploaded(cloud, tokenizer_dir) -> dict[str, str]:
-    """Inputs, tokenizer and template in the bucket; returns their gs:// locations."""
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A fastText model (one file) and a small BERT classifier (a folder), made here."""
+    folder = tmp_path_factory.mktemp("models")
+    return {"ft": train_fasttext(folder / "fasttext"),
+            "bert": save_tiny_bert(folder / "bert", num_labels=2)}
+
+
+def upload_folder(local: Path, uri: str) -> None:
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            upload(path, f"{uri}/{path.relative_to(local).as_posix()}")
+
+
+@pytest.fixture(scope="module")
+def uploaded(cloud, tokenizer_dir, models) -> dict[str, str]:
+    """Inputs, tokenizer, template and quality models in the bucket; returns their gs://
+    locations."""
     root = f"gs://{BUCKET}"
     for name, _ in INPUTS:
         upload(EXAMPLES / name, f"{root}/inputs/{name}")
-    for path in sorted(tokenizer_dir.rglob("*")):
-        if path.is_file():
-            upload(path, f"{root}/tokenizers/qwen2/{path.relative_to(tokenizer_dir).as_posix()}")
+    upload_folder(tokenizer_dir, f"{root}/tokenizers/qwen2")
     upload(TEMPLATE, f"{root}/templates/chatml.jinja")
+    upload(models["ft"], f"{root}/models/ft/model.bin")
+    upload_folder(models["bert"], f"{root}/models/bert")
     return {"inputs": f"{root}/inputs", "tokenizer": f"{root}/tokenizers/qwen2",
-            "template": f"{root}/templates/chatml.jinja", "output": f"{root}/runs/2026-11-29"}
+            "template": f"{root}/templates/chatml.jinja", "output": f"{root}/runs/2026-11-29",
+            "models": {"ft": f"{root}/models/ft/model.bin", "bert": f"{root}/models/bert"}}
 
 
 def run_subprocess(args: list[str], env: dict[str, str],
@@ -137,7 +156,8 @@ def gcs_run(cloud, uploaded, tmp_path_factory) -> dict:
     for name in (*STALE, "notes.txt"):
         with FileSystems.create(f"{output}/{name}") as handle:
             handle.write(b"from an earlier run")
-    args = pipeline_args(uploaded["inputs"], output, uploaded["tokenizer"], uploaded["template"])
+    args = pipeline_args(uploaded["inputs"], output, uploaded["tokenizer"], uploaded["template"],
+                         uploaded["models"])
     result = run_subprocess(
         [*args, "--overwrite=true", "--direct_running_mode=multi_processing",
          "--direct_num_workers=2"],
@@ -148,11 +168,12 @@ def gcs_run(cloud, uploaded, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def local_run(tokenizer_dir, tmp_path_factory) -> dict:
+def local_run(tokenizer_dir, models, tmp_path_factory) -> dict:
     """The same files and settings on local disk, in memory: the reference rows."""
     inputs = str(EXAMPLES)
     output = str(tmp_path_factory.mktemp("local") / "out")
-    run(pipeline_args(inputs, output, str(tokenizer_dir), str(TEMPLATE)))
+    run(pipeline_args(inputs, output, str(tokenizer_dir), str(TEMPLATE),
+                      {name: str(path) for name, path in models.items()}))
     return {"output": output, "manifest": json.loads(Path(output, "manifest.json").read_text())}
 
 
@@ -175,6 +196,17 @@ def test_tokenizer_and_template_came_from_the_bucket(gcs_run, local_run):
     local = local_run["manifest"]["tokenizer"]
     assert {k: v for k, v in tokenizer.items() if k != "name"} == {
         k: v for k, v in local.items() if k != "name"}
+
+
+def test_quality_models_came_from_the_bucket_and_score_as_the_local_copies(gcs_run, local_run):
+    found, local = (run["manifest"]["quality_scores"] for run in (gcs_run, local_run))
+    assert found["knowledge"]["ft"]["path"] == f"gs://{BUCKET}/models/ft/model.bin"
+    assert set(found["knowledge"]) == {"ft", "bert"} and set(found["instruction"]) == {"ft"}
+    for branch, models in found.items():
+        for name, entry in models.items():
+            assert entry["scored"] > 0
+            assert {k: v for k, v in entry.items() if k != "path"} == {
+                k: v for k, v in local[branch][name].items() if k != "path"}, (branch, name)
 
 
 @pytest.mark.parametrize("kind", ["pretrain", "sft"])

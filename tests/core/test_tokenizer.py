@@ -188,13 +188,13 @@ def test_remote_directory_is_copied_once(tok, tmp_path):
     source = tmp_path / "bucket" / "qwen"
     tok.save_pretrained(source)
     cache_root = str(tmp_path / "cache")
-    local = tk._fetch_remote_dir(str(source) + "/", cache_root)
+    local = tk.fetch_remote_dir(str(source) + "/", cache_root)
     assert local.startswith(cache_root)
     for name in os.listdir(source):
         assert Path(local, name).read_bytes() == (source / name).read_bytes()
-    assert tk._fetch_remote_dir(str(source), cache_root) == local
+    assert tk.fetch_remote_dir(str(source), cache_root) == local
     (source / "tokenizer_config.json").write_text("{}")  # a re-upload is fetched again
-    assert tk._fetch_remote_dir(str(source), cache_root) != local
+    assert tk.fetch_remote_dir(str(source), cache_root) != local
 
 
 def test_chat_template_override_and_identity(tok, tmp_path):

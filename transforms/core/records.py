@@ -118,6 +118,7 @@ class Record:
     pii: tuple[tuple[str, int], ...] = ()  # personal data found in a document: (kind, spans)
     # copies of a knowledge document dropped in its favour by deduplication: (reason, count)
     duplicates: tuple[tuple[str, int], ...] = ()
+    scores: tuple[tuple[str, float], ...] = ()  # --quality_model: (model name, score)
 
     @property
     def key(self) -> tuple[str, int]:

@@ -284,6 +284,11 @@ class StepChain:
         """Applies ``step`` to the chunks that went through so far."""
         return self.add(apply_step(self.main, label, step, *tags, side_inputs=side_inputs))
 
+    def map(self, label: str, transform: beam.PTransform) -> beam.PCollection:
+        """Applies a transform that only rewrites the chunks (no parts, no counters)."""
+        self.main = self.main | label >> transform
+        return self.main
+
     def add(self, output: StepOutput) -> StepOutput:
         """Adds a step applied by the caller (a composite step, or one on other chunks)."""
         self.outputs.append(output)

@@ -192,7 +192,7 @@ def _materialise(target: str, populate: Callable[[str], None]) -> str:
     return target
 
 
-def _fetch_remote_dir(uri: str, cache_root: str | None = None) -> str:
+def fetch_remote_dir(uri: str, cache_root: str | None = None) -> str:
     """Copies every file under a Beam-readable directory (``gs://``...) to the local cache.
 
     The cache key hashes the URI with each file's size and mtime, so a re-uploaded tokenizer is
@@ -218,6 +218,28 @@ def _fetch_remote_dir(uri: str, cache_root: str | None = None) -> str:
                 shutil.copyfileobj(src, dst)
 
     return _materialise(os.path.join(cache_dir(cache_root), f"remote-{key}"), copy_into)
+
+
+def fetch_remote_file(uri: str, cache_root: str | None = None) -> str:
+    """A local copy of one file on a Beam filesystem (a model file on ``gs://``), cached like
+    ``fetch_remote_dir``'s directories; the local path out."""
+    matched = FileSystems.match([uri])[0].metadata_list
+    if not matched:
+        raise ValueError(f"{uri!r} does not exist")
+    found = matched[0]
+    key = hashlib.sha256(json.dumps(
+        [uri, found.size_in_bytes, found.last_updated_in_seconds]).encode()).hexdigest()[:16]
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+
+    def copy_into(directory: str) -> None:
+        with (
+            FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as src,
+            open(os.path.join(directory, name), "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst)
+
+    folder = _materialise(os.path.join(cache_dir(cache_root), f"remote-{key}"), copy_into)
+    return os.path.join(folder, name)
 
 
 def _read_text(path: str) -> str:
@@ -352,7 +374,7 @@ def _load_uncached(spec: str) -> PreTrainedTokenizerFast:
     if spec == DEFAULT_TOKENIZER:
         tok = _load_default(build_default_tokenizer())
     elif "://" in spec:
-        tok = _auto_from_pretrained(_fetch_remote_dir(spec))
+        tok = _auto_from_pretrained(fetch_remote_dir(spec))
     elif _looks_like_path(spec):
         directory = _tokenizer_directory(spec)
         tok = _auto_from_pretrained(directory)

@@ -132,6 +132,8 @@ LANGUAGE_NOT_SELECTED = _reason("language_not_selected", FILTERED,
 LOW_LANGUAGE_SCORE = _reason("low_language_score", FILTERED,
                              "a document in a selected language scored under "
                              "`--min_language_score`")
+LOW_QUALITY_SCORE = _reason("low_quality_score", FILTERED,
+                            "scored under `--min_quality_score` by a `--quality_model`")
 EMPTY_AFTER_NORMALIZATION = _reason("empty_after_normalization", FILTERED,
                                     "a document with no text left after normalisation")
 TOO_FEW_WORDS = _reason("too_few_words", FILTERED, "fewer words than `--min_words`")

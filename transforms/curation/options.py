@@ -29,6 +29,12 @@ from transforms.curation.decontam import DecontamConfig
 from transforms.curation.language import LanguageConfig, language_partition, parse_languages
 from transforms.curation.mixing import MIX_SCALES, MixConfig
 from transforms.curation.pii import MODES, PiiConfig, parse_kinds
+from transforms.curation.scores import (
+    ScoreConfig,
+    check_config,
+    parse_models,
+    parse_thresholds,
+)
 from transforms.curation.urls import UrlConfig, parse_paths
 from transforms.io.input_specs import parse_input_spec, split_input_values
 
@@ -36,6 +42,7 @@ GROUP = "mixing, validation split and decontamination"
 PII_GROUP = "personal data"
 URL_GROUP = "URLs and domains"
 LANGUAGE_GROUP = "language"
+SCORE_GROUP = "quality models"
 _LANGUAGE = LanguageConfig()
 _PII = PiiConfig()
 
@@ -106,6 +113,34 @@ class LanguageOptions(PipelineOptions):
             "(default false).")
 
 
+class ScoreOptions(PipelineOptions):
+    """Users' own quality classifiers (``transforms/curation/scores.py``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(SCORE_GROUP)
+        group.add_argument(
+            "--quality_model", action="append",
+            help="Score every knowledge document and conversation with a model of yours "
+            "(repeatable or comma-separated): [NAME=]KIND:PATH[#label=L;branch=B;share=true], "
+            "KIND fasttext (a .bin file; label names the class whose probability is the "
+            "score, e.g. DCLM's 'hq') or hf (a directory with an "
+            "AutoModelForSequenceClassification and its tokenizer; a regression head's value, "
+            "or the probability of class 'label', class 1 of two by default), local or "
+            "gs://. branch=knowledge|instruction scores one branch only; share=true loads one "
+            "copy per machine instead of one per process. Scores go to documents/, "
+            "sft_examples/ and the manifest (docs/curation.md).")
+        group.add_argument(
+            "--min_quality_score", type=parsed_by(parse_thresholds), default=(),
+            help="Comma-separated NAME=MINIMUM: a record scored under a minimum by the model "
+            "NAME is filtered as 'low_quality_score' (default none: scores are only kept).")
+        group.add_argument(
+            "--quality_text", default="conversation",
+            help="What a conversation is scored on: 'conversation' (the user and assistant "
+            "messages' text, one per line; default), 'assistant' (the replies only) or "
+            "'field:NAME' (a field of the record as stored).")
+
+
 class CurationOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -151,6 +186,7 @@ class BranchCuration:
     urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
     language: LanguageConfig = dataclasses.field(
         default_factory=lambda: LanguageConfig(identify=False))
+    scores: ScoreConfig = dataclasses.field(default_factory=ScoreConfig)  # this branch's only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +199,7 @@ class CurationConfig:
     pii: PiiConfig = dataclasses.field(default_factory=PiiConfig)
     urls: UrlConfig = dataclasses.field(default_factory=UrlConfig)
     language: LanguageConfig = dataclasses.field(default_factory=LanguageConfig)
+    scores: ScoreConfig = dataclasses.field(default_factory=ScoreConfig)
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> CurationConfig:
@@ -178,7 +215,8 @@ class CurationConfig:
                    opts.instruction_validation, decontam,
                    PiiConfig(personal.pii, personal.pii_kinds),
                    UrlConfig(tuple(options.view_as(UrlOptions).url_blocklist)),
-                   language_config(options.view_as(LanguageOptions)))
+                   language_config(options.view_as(LanguageOptions)),
+                   score_config(options.view_as(ScoreOptions)))
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -187,9 +225,18 @@ class CurationConfig:
                 if self.language.partition else ())
 
     def for_branch(self, branch: str, inputs: Sequence[InputSpec]) -> BranchCuration:
+        language = {"urls": self.urls, "language": self.language} if branch == KNOWLEDGE else {}
         return BranchCuration(self.decontam, getattr(self, f"{branch}_validation"), self.seed,
                               mix_config(branch, inputs, self.mix_scale, self.seed), self.pii,
-                              *((self.urls, self.language) if branch == KNOWLEDGE else ()))
+                              scores=self.scores.for_branch(branch), **language)
+
+
+def score_config(opts: ScoreOptions) -> ScoreConfig:
+    """ValueError for a bad model value, or a threshold on a model not given."""
+    models = parse_models(",".join(opts.quality_model or []))
+    config = ScoreConfig(models, tuple(opts.min_quality_score), opts.quality_text)
+    check_config(config)
+    return config
 
 
 def language_config(opts: LanguageOptions) -> LanguageConfig:

@@ -55,6 +55,7 @@ from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
 from transforms.curation.pii import PiiConfig, count_found, redact
+from transforms.curation.scores import FilterByScore, InstructionText, ScoreRecords
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
 from transforms.instruction.chat_template import reasoning_placements, start_encoding
@@ -88,6 +89,7 @@ class EncodedChunk(Chunk):
     chunk_id: str
     examples: tuple[EncodedExample, ...]
     origins: tuple[Origin, ...] = ()  # per example: mixing's accounting, packs' sources
+    scores: tuple[tuple[tuple[str, float], ...], ...] = ()  # per example, with --quality_model
 
     def record_tokens(self) -> np.ndarray:
         return np.fromiter((len(e.input_ids) for e in self.examples), np.int64,
@@ -99,7 +101,8 @@ class EncodedChunk(Chunk):
 
     def take(self, indices: Sequence[int]) -> EncodedChunk:
         return EncodedChunk(self.chunk_id, tuple(self.examples[i] for i in indices),
-                            tuple(self.origins[i] for i in indices))
+                            tuple(self.origins[i] for i in indices),
+                            tuple(self.scores[i] for i in indices) if self.scores else ())
 
     def sources(self) -> np.ndarray:
         """Each example's input index: what the packed rows' ``sources`` say."""
@@ -235,7 +238,7 @@ class EncodeConversations(OverlappedStep):
     def run(self, started: Started) -> Iterator[EncodedChunk]:
         chunk: ConversationChunk = started.chunk
         results = started.handle()
-        kept, origins = [], []
+        kept, origins, scores = [], [], []
         for record, conversation, result in zip(chunk.records, chunk.conversations, results,
                                                 strict=True):
             if isinstance(result, Drop):
@@ -244,6 +247,7 @@ class EncodeConversations(OverlappedStep):
                 continue
             kept.append(result)
             origins.append(record.origin)
+            scores.append(record.scores)
             self.count(f"instruction.mask_method.{result.mask_method}")
             if any(REASONING_CONTENT in m for m in conversation.messages):
                 placement = self.placement[bool(conversation.tools)]
@@ -264,22 +268,33 @@ class EncodeConversations(OverlappedStep):
         for name, count in source_example_counts(trained, cut, indices).items():
             self.count(name, count)
         if kept:
-            yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins))
+            yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins),
+                               tuple(scores) if any(scores) else ())
 
 
 class WriteExamples(ChunkStep):
     """Passes a chunk on and writes its examples unpacked (``input_ids``, ``labels``, and
     ``sources`` holding the one segment's input index, as in packed rows), the rows a loader
-    packs anew each epoch: exactly the examples the next step packs."""
+    packs anew each epoch: exactly the examples the next step packs. With ``--quality_model``,
+    a ``scores`` struct holds each model's score of the example."""
 
     step_name = "write_examples"
 
+    def __init__(self, score_names: tuple[str, ...] = ()):
+        self.score_names = score_names
+
     def run(self, chunk: EncodedChunk) -> Iterator[EncodedChunk | beam.pvalue.TaggedOutput]:
-        table = pa.Table.from_arrays(
-            [pa.array([e.input_ids for e in chunk.examples], pa.list_(pa.int32())),
-             pa.array([e.labels for e in chunk.examples], pa.list_(pa.int32())),
-             pa.array([[source] for source in chunk.sources().tolist()], pa.list_(pa.int32()))],
-            names=["input_ids", "labels", "sources"])
+        columns = {
+            "input_ids": pa.array([e.input_ids for e in chunk.examples], pa.list_(pa.int32())),
+            "labels": pa.array([e.labels for e in chunk.examples], pa.list_(pa.int32())),
+            "sources": pa.array([[source] for source in chunk.sources().tolist()],
+                                pa.list_(pa.int32())),
+        }
+        if self.score_names:
+            columns["scores"] = pa.array(
+                [dict(scores) for scores in chunk.scores],
+                pa.struct([(name, pa.float32()) for name in self.score_names]))
+        table = pa.table(columns)
         self.count("instruction.examples_written", table.num_rows)
         yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(SFT_EXAMPLES, chunk.chunk_id),
                                                    chunk.chunk_id, self.step_name, table))
@@ -370,6 +385,11 @@ class InstructionBranch(beam.PTransform):
         if curation.decontam is not None:
             steps.then("Decontaminate",
                        Decontaminate(curation.decontam, INSTRUCTION, conversation_texts))
+        scores = curation.scores
+        if scores.models:
+            steps.map("ScoreConversations", ScoreRecords(
+                scores.models, InstructionText(scores.instruction_text)))
+            steps.then("FilterByScore", FilterByScore(INSTRUCTION, scores.thresholds))
         steps.then("RenderAndMask", self.encode)
         if curation.validation:
             steps.add(steps.main | "SplitValidation" >> SplitOff(curation.validation,
@@ -377,7 +397,7 @@ class InstructionBranch(beam.PTransform):
         if curation.mix is not None:
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
         if self.write_examples:
-            steps.then("WriteExamples", WriteExamples())
+            steps.then("WriteExamples", WriteExamples(curation.scores.names))
         packed = steps.then("Pack", PackSequences(self.seq_len, self.max_segments, self.pad_id),
                             TAILS)
         tails = (packed[TAILS]

@@ -15,12 +15,14 @@ from transforms.core.lengths import SOURCE_PREFIX
 from transforms.core.packing import packing_efficiency
 from transforms.core.steps import DOMAIN_STATS, FILE_STATS, SAMPLES, base_kind
 from transforms.core.vocabulary import (
+    BRANCHES,
     FILTERED,
     LANGUAGE_NOT_SELECTED,
     LOW_LANGUAGE_SCORE,
     MASK_METHODS,
     REJECTED,
 )
+from transforms.curation.scores import score_summary
 from transforms.io.formats import DOCUMENTS, format_kinds
 from transforms.io.formats.how_to_read import snippets
 
@@ -287,6 +289,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
         "personal_data": _personal_data(stats, config),
         "domains": _domains(stats, config),
         "languages": _languages(stats, config),
+        "quality_scores": _quality_scores(stats, config),
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
@@ -332,6 +335,22 @@ def _languages(stats: Mapping, config: Mapping) -> dict:
                         for code, c in sorted(counts.items(),
                                               key=lambda kv: (-kv[1].get("tokens", 0), kv[0]))},
     }
+
+
+def _quality_scores(stats: Mapping, config: Mapping) -> dict:
+    """Per branch and ``--quality_model``: the records it scored, their mean and histogram, and
+    what ``--min_quality_score`` filtered (before the validation split and mixing)."""
+    scores = (config.get("curation") or {}).get("scores") or {}
+    minimums = dict(scores.get("thresholds", ()))
+    found: dict[str, dict] = {}
+    for model in scores.get("models", ()):
+        for branch in BRANCHES:
+            counts = _by_prefix(stats, f"scores.{branch}.{model['name']}.")
+            if model.get("branch") in (None, branch):
+                found.setdefault(branch, {})[model["name"]] = {
+                    "kind": model["kind"], "path": model["path"], "label": model.get("label"),
+                    **score_summary(counts, minimums.get(model["name"]))}
+    return found
 
 
 def _domains(stats: Mapping, config: Mapping) -> dict:
@@ -602,6 +621,7 @@ def summary_lines(manifest: Mapping, output_dir: str = "OUTPUT") -> list[str]:
     lines += _personal_data_lines(manifest)
     lines += _domain_lines(manifest)
     lines += _language_lines(manifest)
+    lines += _score_lines(manifest)
     lines += _curation_lines(manifest)
     for kind in (REJECTED, FILTERED):
         if records[kind]:
@@ -651,6 +671,18 @@ def _language_lines(manifest: Mapping) -> list[str]:
     kept = (f"; kept only {','.join(languages['selected'])} (score >= "
             f"{languages['min_score']}): {filtered:,} filtered" if languages["selected"] else "")
     return [f"languages: {top}{more}{kept}"]
+
+
+def _score_lines(manifest: Mapping) -> list[str]:
+    lines = []
+    for branch, models in (manifest.get("quality_scores") or {}).items():
+        for name, found in models.items():
+            kept = (f", {found['filtered']:,} filtered under {found['min_score']:g}"
+                    if found["min_score"] is not None else "")
+            mean = "n/a" if found["mean"] is None else f"{found['mean']:.4f}"
+            lines.append(f"quality model {name} ({branch}): {found['scored']:,} scored, "
+                         f"mean {mean}{kept}")
+    return lines
 
 
 def _domain_lines(manifest: Mapping) -> list[str]:

@@ -68,6 +68,7 @@ from transforms.curation.decontam import Decontaminate
 from transforms.curation.language import language_partition
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
+from transforms.curation.scores import FilterByScore, ScoreRecords
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.curation.urls import url_domain
 from transforms.io.formats import DOCUMENTS
@@ -232,11 +233,12 @@ class ConcatenateBlocks(ChunkStep):
     step_name = "blocks"
 
     def __init__(self, tokenizer: str, block_size: int, stage_documents: bool = False,
-                 write_documents: bool = False):
+                 write_documents: bool = False, score_names: tuple[str, ...] = ()):
         self.tokenizer_spec = tokenizer
         self.block_size = block_size
         self.stage_documents = stage_documents or write_documents
         self.write_documents = write_documents
+        self.score_names = score_names
 
     def setup(self) -> None:
         self.separator_id = end_of_text_id(load_tokenizer(self.tokenizer_spec))
@@ -249,7 +251,8 @@ class ConcatenateBlocks(ChunkStep):
         if len(blocks.tail.tokens):
             yield beam.pvalue.TaggedOutput(TAILS, (chunk.chunk_id, blocks.tail))
         if self.stage_documents and chunk.token_arrays:
-            table = (documents_table(chunk.records, chunk.token_arrays, self.separator_id)
+            table = (documents_table(chunk.records, chunk.token_arrays, self.separator_id,
+                                     self.score_names)
                      if self.write_documents else ids_table(chunk.token_arrays, self.separator_id))
             yield beam.pvalue.TaggedOutput(PARTS, Part(output_kind(DOCUMENTS, chunk.chunk_id),
                                                        chunk.chunk_id, "documents", table))
@@ -332,6 +335,10 @@ class KnowledgeBranch(beam.PTransform):
         if self.curation.decontam is not None:
             steps.then("Decontaminate",
                        Decontaminate(self.curation.decontam, KNOWLEDGE, document_texts))
+        scores = self.curation.scores
+        if scores.models:
+            steps.map("ScoreDocuments", ScoreRecords(scores.models))
+            steps.then("FilterByScore", FilterByScore(KNOWLEDGE, scores.thresholds))
 
     def expand(self, chunks: beam.PCollection) -> BranchOutput:
         config, curation = self.config, self.curation
@@ -349,7 +356,8 @@ class KnowledgeBranch(beam.PTransform):
             steps.then("PartitionByLanguage", PartitionByLanguage())
         blocks = steps.then("ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size,
-                                              self.stage_documents, config.write_documents),
+                                              self.stage_documents, config.write_documents,
+                                              curation.scores.names),
                             TAILS)
         steps.add(apply_step(blocks[TAILS] | "GatherTails" >> GatherTails(self.tails),
                              "ConcatenateTails",

@@ -64,9 +64,18 @@ def ids_table(token_arrays: Sequence[np.ndarray], separator_id: int) -> pa.Table
     return pa.table({"input_ids": ids_column(token_arrays, separator_id)})
 
 
+def document_schema(score_names: Sequence[str] = ()) -> pa.Schema:
+    """``DOCUMENT_SCHEMA``, and with ``--quality_model`` a ``scores`` struct: a field per model,
+    in the order given."""
+    if not score_names:
+        return DOCUMENT_SCHEMA
+    return DOCUMENT_SCHEMA.append(
+        pa.field("scores", pa.struct([(name, pa.float32()) for name in score_names])))
+
+
 def documents_table(records: Sequence[Record], token_arrays: Sequence[np.ndarray],
-                    separator_id: int) -> pa.Table:
-    """The ``DOCUMENT_SCHEMA`` rows of a chunk's documents, in order."""
+                    separator_id: int, score_names: Sequence[str] = ()) -> pa.Table:
+    """The ``document_schema`` rows of a chunk's documents, in order."""
     stats = [TextStats(record.value) for record in records]
     copies = [dict(record.duplicates) for record in records]
     columns = {
@@ -85,4 +94,6 @@ def documents_table(records: Sequence[Record], token_arrays: Sequence[np.ndarray
         **{reason: [found.get(reason, 0) for found in copies] for reason in COPY_REASONS},
         "input_ids": ids_column(token_arrays, separator_id),
     }
-    return pa.table(columns, schema=DOCUMENT_SCHEMA)
+    if score_names:
+        columns["scores"] = [dict(r.scores) for r in records]
+    return pa.table(columns, schema=document_schema(score_names))
