@@ -90,6 +90,19 @@ def _format_section(formats: Mapping) -> list[str]:
     return parts
 
 
+def _quality_rows(manifest: Mapping) -> list[str]:
+    """A row per ``--quality_model`` and branch: what it is, its mean score, what it filtered."""
+    rows = []
+    for branch, models in (manifest.get("quality_scores") or {}).items():
+        for name, entry in models.items():
+            mean = "n/a" if entry["mean"] is None else f"{entry['mean']:.4f}"
+            cut = ("" if entry["min_score"] is None
+                   else f"; {entry['filtered']:,} filtered under {entry['min_score']:g}")
+            rows.append(f"| quality model `{_md(name)}` ({branch}) | {entry['kind']} "
+                        f"`{_md(entry['path'])}`: {entry['scored']:,} scored, mean {mean}{cut} |")
+    return rows
+
+
 def build_card(manifest: Mapping) -> str:
     records, know, inst = manifest["records"], manifest["knowledge"], manifest["instruction"]
     tokenizer = manifest["tokenizer"]
@@ -136,6 +149,7 @@ def build_card(manifest: Mapping) -> str:
         f"| sft | {inst['examples']:,} examples, {inst['trained_tokens']:,} trained tokens -> "
         f"{inst['packs']:,} packs of <= {inst['seq_len']} |",
         f"| filtered | {sum(records['filtered'].values()):,} |",
+        *_quality_rows(manifest),
         f"| rejected | {sum(records['rejected'].values()):,} |",
         f"| created | {manifest.get('created_at', '')} |",
         "", "## Sources and licences", "",

@@ -143,6 +143,11 @@ def test_the_manifest_histogram_and_the_report_cover_every_scored_record(scored_
     section = report.split('id="quality-scores"')[1].split("</section>")[0]
     assert section.count('<img class="plot"') == 4  # ft in both branches, edu, cls
     assert "<td>instruction</td><td>ft</td><td>fasttext</td>" in section
+    card = (output / "README.md").read_text()
+    found = manifest["quality_scores"]["knowledge"]["ft"]
+    assert (f"| quality model `ft` (knowledge) | fasttext `{found['path']}`: "
+            f"{found['scored']:,} scored, mean {found['mean']:.4f}; {found['filtered']:,} "
+            f"filtered under {MINIMUM:g} |") in card
 
 
 def test_both_runner_modes_and_a_shared_model_write_the_same_rows(scored_runs):

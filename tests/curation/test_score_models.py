@@ -1,7 +1,7 @@
-"""The model-based quality-score fixtures themselves (``tests/score_models.py``): the fastText
-model trains deterministically and tells the bundled curated texts from C4 pages, the venv's
-fasttext-predict reads it as the real library does, and the tiny BERTs load offline through the
-Auto classes and score texts, long ones truncated."""
+"""The model-based quality-score fixtures themselves (``tests/support/score_models.py``): the
+fastText model trains deterministically and tells the bundled curated texts from C4 pages, the
+venv's fasttext-predict reads it as the real library does, and the tiny BERTs load offline
+through the Auto classes and score texts, long ones truncated."""
 
 import math
 import statistics
