@@ -101,7 +101,8 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
     return (after_start, stats, shard_names) | "WriteOutputs" >> WriteOutputs(
         cfg.output, cfg.num_shards, cfg.target_shard_mb, cfg.row_group_rows,
         beam.pvalue.AsSingleton(fields), cfg.output_format,
-        output_kinds(cfg.curation.partitions, cfg.knowledge.write_documents))
+        output_kinds(cfg.curation.partitions, cfg.knowledge.write_documents,
+                     cfg.knowledge.dedup_index))
 
 
 def _manifest_fields(_: int, tokenizer: str | None, chat_template: str | None,
@@ -125,7 +126,7 @@ def _after(element: object, _: object) -> object:
 
 def _count_tokens(part: Part) -> Part:
     """Counts the tokens of training rows for the progress line, and passes the part on."""
-    if is_parquet(part.kind) and part.table.num_rows:
+    if is_parquet(part.kind) and "input_ids" in part.table.column_names and part.table.num_rows:
         tokens = pc.sum(pc.list_value_length(part.table["input_ids"])).as_py() or 0
         progress.count(tokens_written=tokens)
     return part

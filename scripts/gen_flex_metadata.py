@@ -49,6 +49,8 @@ PATH_OPTIONS: dict[str, dict] = {
     "chat_template": {"paramType": "TEXT",
                       "regexes": [rf"^({GCS_PATH}|{'|'.join(BUILTIN_TEMPLATES)})$"]},
     "schema": {"paramType": "TEXT", "regexes": [rf"^\s*{SCHEMA}(\s*,\s*{SCHEMA})*\s*$"]},
+    "dedup_against": {"paramType": "TEXT",
+                      "regexes": [rf"^\s*{GCS_PATH}(\s*,\s*{GCS_PATH})*\s*$"]},
     "quality_model": {"paramType": "TEXT",
                       "regexes": [rf"^\s*{MODEL}(\s*,\s*{MODEL})*\s*$"]},
 }

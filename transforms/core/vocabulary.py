@@ -152,6 +152,9 @@ DUPLICATE_NGRAMS = _reason("duplicate_ngrams", FILTERED,
                            "too much of the text in repeated n-grams")
 DUPLICATE_EXACT = _reason("duplicate_exact", FILTERED, "an exact copy of a kept document")
 DUPLICATE_NEAR = _reason("duplicate_near", FILTERED, "a near copy (MinHash) of a kept document")
+DUPLICATE_EARLIER_RUN = _reason("duplicate_earlier_run", FILTERED,
+                                "an exact or near copy of a document an earlier run published "
+                                "(`--dedup_against`)")
 BOILERPLATE_TOO_SHORT = _reason("boilerplate_too_short", FILTERED,
                                 "fewer words than `--min_words` once boilerplate shared with "
                                 "other documents is removed")

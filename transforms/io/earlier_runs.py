@@ -21,6 +21,7 @@ from transforms.io.tokenizer_files import TOKENIZER_DIR
 from transforms.io.writers import (
     CARD_NAME,
     CARD_TAG,
+    DEDUP_INDEX,
     DOCUMENT_KINDS,
     OUTPUT_KINDS,
     PARTITIONED_KINDS,
@@ -73,7 +74,7 @@ def check_card_place(output_dir: str) -> None:
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 PART_NAME = re.compile(r"part-\d{5}-of-\d{5}\.(?:parquet|jsonl|bin|idx|npy|mds)")
 # every folder a run writes shards into
-RUN_KINDS = (*OUTPUT_KINDS, *DOCUMENT_KINDS, *FORMAT_KINDS)
+RUN_KINDS = (*OUTPUT_KINDS, *DOCUMENT_KINDS, DEDUP_INDEX, *FORMAT_KINDS)
 # a format folder's index (MDS's, LitData's index.json): only a run writes one there
 FOLDER_INDEXES = {f"{kind}/{format_kind.writer.index_name}"
                   for kind, format_kind in FORMAT_KINDS.items() if format_kind.writer.index_name}
@@ -216,7 +217,8 @@ def clear_previous_outputs(output_dir: str) -> int:
 def _remove_empty_folders(output_dir: str) -> None:
     """Local folders that held only an earlier run's files (gs:// has no empty folders)."""
     format_folders = {kind.rsplit("/", depth)[0] for kind in FORMAT_KINDS for depth in (0, 1, 2)}
-    names = [*OUTPUT_KINDS, *DOCUMENT_KINDS, *format_folders, STAGING_DIR, TOKENIZER_DIR,
+    names = [*OUTPUT_KINDS, *DOCUMENT_KINDS, DEDUP_INDEX, *format_folders, STAGING_DIR,
+             TOKENIZER_DIR,
              "validation"]
     for directory in (output_dir, *_earlier_phase_dirs(output_dir)):
         partitions = [os.path.join(kind, name) for kind in PARTITIONED_KINDS

@@ -16,6 +16,7 @@ from transforms.core.packing import packing_efficiency
 from transforms.core.steps import DOMAIN_STATS, FILE_STATS, SAMPLES, base_kind
 from transforms.core.vocabulary import (
     BRANCHES,
+    DUPLICATE_EARLIER_RUN,
     FILTERED,
     LANGUAGE_NOT_SELECTED,
     LOW_LANGUAGE_SCORE,
@@ -23,7 +24,7 @@ from transforms.core.vocabulary import (
     REJECTED,
 )
 from transforms.curation.scores import score_summary
-from transforms.io.formats import DOCUMENTS, format_kinds
+from transforms.io.formats import DEDUP_INDEX, DOCUMENTS, format_kinds
 from transforms.io.formats.how_to_read import snippets
 
 MANIFEST_NAME = "manifest.json"
@@ -252,6 +253,13 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             # short are counted in dropped, as boilerplate_too_short)
             "boilerplate": {name: knowledge.get(f"boilerplate.{name}", 0) for name in (
                 "documents_changed", "paragraphs_removed", "lines_removed", "chars_removed")},
+            # --write_dedup_index: its rows (the documents published, validation included);
+            # --dedup_against: the earlier runs' indexes, and the copies of theirs filtered
+            "dedup_index": {
+                "rows": knowledge.get("dedup_index_rows", 0)
+                + validation.get("knowledge.dedup_index_rows", 0),
+                "against": list(config["knowledge"].get("dedup_against", ())),
+                "duplicates_of_earlier_runs": filtered.get(DUPLICATE_EARLIER_RUN, 0)},
             "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
             "block_size": config["knowledge"]["block_size"],
@@ -527,6 +535,8 @@ def check_rows_written(manifest: Mapping) -> None:
         documents[f"validation/{DOCUMENTS}"] = manifest["validation"]["knowledge"]["documents"]
     if manifest["config"]["knowledge"].get("write_documents"):
         expected.update(documents)
+    if manifest["config"]["knowledge"].get("dedup_index"):
+        expected[DEDUP_INDEX] = manifest["knowledge"]["dedup_index"]["rows"]
     for format_kind in format_kinds(manifest["config"].get("output_format", ())):
         source = format_kind.source
         if source in expected or source in documents:

@@ -36,7 +36,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.steps import Part, base_kind
 from transforms.core.vocabulary import FILTERED, REJECTED
-from transforms.io.formats import DOCUMENTS, FORMAT_KINDS, format_kinds, write_folder_indexes
+from transforms.io.formats import (
+    DEDUP_INDEX,
+    DOCUMENTS,
+    FORMAT_KINDS,
+    format_kinds,
+    write_folder_indexes,
+)
 from transforms.io.formats.how_to_read import how_to_read
 from transforms.io.input_warnings import check_strict, input_warnings
 from transforms.io.manifest import (
@@ -110,14 +116,16 @@ class Progress:
 
 
 def is_parquet(kind: str) -> bool:
-    return base_kind(kind) in PARQUET_KINDS + DOCUMENT_KINDS
+    return base_kind(kind) in (*PARQUET_KINDS, *DOCUMENT_KINDS, DEDUP_INDEX)
 
 
-def output_kinds(partitions: Sequence[str] = (), documents: bool = False) -> tuple[str, ...]:
-    """Every kind a run may write: ``OUTPUT_KINDS``, ``DOCUMENT_KINDS`` with ``documents``
-    and, with partitions, each partition's folder under the kinds that hold them
-    (``pretrain/language=en``)."""
-    kinds = OUTPUT_KINDS + (DOCUMENT_KINDS if documents else ())
+def output_kinds(partitions: Sequence[str] = (), documents: bool = False,
+                 dedup_index: bool = False) -> tuple[str, ...]:
+    """Every kind a run may write: ``OUTPUT_KINDS``, ``DOCUMENT_KINDS`` with ``documents``,
+    ``DEDUP_INDEX`` with ``dedup_index`` and, with partitions, each partition's folder under
+    the kinds that hold them (``pretrain/language=en``)."""
+    kinds = (OUTPUT_KINDS + (DOCUMENT_KINDS if documents else ())
+             + ((DEDUP_INDEX,) if dedup_index else ()))
     return kinds + tuple(f"{kind}/{partition}" for kind in PARTITIONED_KINDS if kind in kinds
                          for partition in partitions)
 

@@ -73,6 +73,7 @@ from transforms.curation.splits import SplitOff, content_digest
 from transforms.curation.urls import url_domain
 from transforms.io.formats import DOCUMENTS
 from transforms.knowledge.dedup.first_pass import FindDuplicateDocuments, SecondRead, dedup_shards
+from transforms.knowledge.dedup.index import IndexDocuments
 from transforms.knowledge.dedup.minhash import file_numbering
 from transforms.knowledge.document_records import documents_table, ids_table
 from transforms.knowledge.documents import DropDuplicates, document_steps
@@ -320,7 +321,7 @@ class KnowledgeBranch(beam.PTransform):
                    | "FindDuplicateDocuments" >> FindDuplicateDocuments(
                        read.shards, read.specs, read.chunk_records, read.max_record_bytes,
                        self.config, self.tokenizer, read.decisions, self.token_cache,
-                       self.curation)
+                       self.curation, read.keys if self.config.dedup_index else None)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions, self.config), written
@@ -354,6 +355,11 @@ class KnowledgeBranch(beam.PTransform):
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
         if curation.language.partition:
             steps.then("PartitionByLanguage", PartitionByLanguage())
+        if config.dedup_index and self.token_cache is not None:
+            read = self.second_read
+            steps.then("IndexDocuments", IndexDocuments(
+                file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs)),
+                read.keys))
         blocks = steps.then("ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size,
                                               self.stage_documents, config.write_documents,

@@ -230,6 +230,7 @@ class DropDuplicates(DocumentStep):
     def __init__(self, files: Sequence[str], decisions: str, config: KnowledgeConfig):
         self.files = tuple(files)
         self.decisions = decisions
+        self.earlier = config.dedup_against
         self.boilerplate = config.boilerplate
         self.min_words = max(1, config.quality.min_words) if config.quality is not None else 1
 
@@ -244,7 +245,7 @@ class DropDuplicates(DocumentStep):
 
     def judge(self, record: Record, known: ChunkWork) -> Record | Drop:
         decisions = known.decisions
-        dropped = decisions.verdict(record, self.files, self.file_numbers)
+        dropped = decisions.verdict(record, self.files, self.file_numbers, self.earlier)
         if dropped is not None:
             return dropped
         if decisions.survivors:

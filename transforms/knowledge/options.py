@@ -19,11 +19,14 @@ from transforms.core.option_types import (
 )
 from transforms.core.vocabulary import (
     BOILERPLATE_TOO_SHORT,
+    DUPLICATE_EARLIER_RUN,
     DUPLICATE_EXACT,
     DUPLICATE_NEAR,
     EMPTY_AFTER_NORMALIZATION,
 )
+from transforms.curation.urls import parse_paths
 from transforms.knowledge.dedup.config import MODES, BoilerplateConfig, DedupConfig
+from transforms.knowledge.dedup.index import check_earlier_index
 from transforms.knowledge.normalize import NormalizeConfig
 from transforms.knowledge.quality import QualityConfig, format_ngram_limits, parse_ngram_limits
 
@@ -148,6 +151,15 @@ class KnowledgeOptions(PipelineOptions):
             "k copies, each similar only to the next, needs k + 1; a run whose last round "
             f"still changes a label stops and says so (default {_DEDUP.rounds}).")
         group.add_argument(
+            "--write_dedup_index", type=boolean, default=False,
+            help="Also write OUTPUT/dedup_index/: each published document's id, text hash and "
+            "MinHash keys (no text), for a later run's --dedup_against (default false).")
+        group.add_argument(
+            "--dedup_against", type=parsed_by(parse_paths),
+            help="Comma-separated dedup_index folders of earlier runs (local or gs://): a "
+            "document that is an exact or near copy of one they published is filtered as "
+            f"{DUPLICATE_EARLIER_RUN}, the earlier one always winning (default none).")
+        group.add_argument(
             "--boilerplate", type=boolean, default=True,
             help="Remove boilerplate shared across documents (cookie notices, navigation, "
             "licence footers): a paragraph of --boilerplate_min_chars or more that "
@@ -184,6 +196,8 @@ class KnowledgeConfig:
     boilerplate: BoilerplateConfig | None = dataclasses.field(default_factory=BoilerplateConfig)
     write_documents: bool = False
     tokenize_only: bool = False  # no step before tokenization (see --tokenize_only)
+    dedup_index: bool = False  # --write_dedup_index
+    dedup_against: tuple[str, ...] = ()  # earlier runs' dedup_index folders
 
     @property
     def first_pass(self) -> bool:
@@ -211,4 +225,13 @@ class KnowledgeConfig:
             if view.boilerplate and curates else None,
             write_documents=view.write_documents,
             tokenize_only=view.tokenize_only,
+            dedup_index=view.write_dedup_index,
+            dedup_against=tuple(view.dedup_against or ()),
         )
+
+    def __post_init__(self) -> None:
+        if (self.dedup_index or self.dedup_against) and not self.dedup.active:
+            raise ValueError("--write_dedup_index and --dedup_against need deduplication on "
+                             "(--dedup=exact or near, and no --tokenize_only)")
+        for path in self.dedup_against:
+            check_earlier_index(path, self.dedup)

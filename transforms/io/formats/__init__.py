@@ -16,7 +16,14 @@ from collections.abc import Iterable, Mapping
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.packing import PRETRAIN_SCHEMA, SFT_SCHEMA
-from transforms.io.formats.base import DOCUMENTS, PRETRAIN, SFT, OutputFormat, Written
+from transforms.io.formats.base import (
+    DEDUP_INDEX,
+    DOCUMENTS,
+    PRETRAIN,
+    SFT,
+    OutputFormat,
+    Written,
+)
 from transforms.io.formats.litdata import LitData
 from transforms.io.formats.mds import MDS
 from transforms.io.formats.megatron import Megatron
@@ -28,8 +35,9 @@ EXTRA_FORMATS: dict[str, OutputFormat] = {f.name: f for f in (Megatron(), MDS(),
 FORMAT_NAMES = (PARQUET, *EXTRA_FORMATS)
 SPLITS = ("", "validation/")  # training rows, then the held-out split's
 
-__all__ = ["DOCUMENTS", "EXTRA_FORMATS", "FORMAT_KINDS", "FORMAT_NAMES", "PARQUET", "FormatKind",
-           "Written", "format_kinds", "parse_formats", "stages_documents", "write_folder_indexes"]
+__all__ = ["DEDUP_INDEX", "DOCUMENTS", "EXTRA_FORMATS", "FORMAT_KINDS", "FORMAT_NAMES", "PARQUET",
+           "FormatKind", "Written", "format_kinds", "parse_formats", "stages_documents",
+           "write_folder_indexes"]
 
 
 @dataclasses.dataclass(frozen=True)

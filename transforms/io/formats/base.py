@@ -12,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 PRETRAIN = "pretrain"
 SFT = "sft"
+DEDUP_INDEX = "dedup_index"  # --write_dedup_index: what a later run deduplicates against
 DOCUMENTS = "documents"  # staged only for Megatron: one row per pretraining document
 
 

@@ -13,9 +13,10 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.core.records import Record
-from transforms.core.vocabulary import Drop
+from transforms.core.vocabulary import DUPLICATE_EARLIER_RUN, Drop
 from transforms.io.writers import read_arrow, write_arrow
 from transforms.knowledge.dedup.components import Decision
+from transforms.knowledge.dedup.index import earlier_message
 from transforms.knowledge.dedup.minhash import CHUNK, CONTENT, Node, RecordKey, record_key
 from transforms.knowledge.dedup.paragraphs import Keeper
 from transforms.knowledge.quality import text_hash
@@ -86,6 +87,8 @@ class CountCopies(beam.PTransform):
 
     def expand(self, drops: beam.PCollection) -> beam.PCollection:
         return (drops
+                # an earlier run's survivor (input -1, --dedup_against) has no file here
+                | "ThisRunsSurvivors" >> beam.Filter(lambda decision: decision[2][0] >= 0)
                 | "BySurvivor" >> beam.Map(copy_of)
                 | "Sum" >> beam.CombinePerKey(sum)
                 | "BySurvivorChunk" >> beam.Map(to_survivor_chunk))
@@ -142,13 +145,17 @@ class ChunkDecisions:
         return cls(drops, units, survivors)
 
     def verdict(self, record: Record, files: Sequence[str],
-                file_numbers: Mapping[str, int]) -> Drop | None:
-        """The ``Drop`` of a record to drop (its message names the surviving copy), else None. A
-        decision counts only for the text it was made for, so a stale file drops nothing."""
+                file_numbers: Mapping[str, int], earlier: Sequence[str] = ()) -> Drop | None:
+        """The ``Drop`` of a record to drop (its message names the surviving copy, in this run
+        or in one of the ``earlier`` runs' indexes), else None. A decision counts only for the
+        text it was made for, so a stale file drops nothing."""
         found = self.drops.get(record_key(record, file_numbers))
         if found is None or found[0] != text_hash(record.value):
             return None
-        _, reason, (index, number, position) = found
+        _, reason, kept = found
+        if reason == DUPLICATE_EARLIER_RUN:
+            return Drop(reason, earlier_message(kept, earlier))
+        index, number, position = kept
         return Drop(reason, f"copy of the document at position {position} of {files[number]} "
                             f"(input {index})")
 

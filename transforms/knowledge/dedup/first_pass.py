@@ -18,6 +18,13 @@ from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
 from transforms.knowledge.dedup.decisions import DECISIONS, DROPS, UNITS, WriteDecisions
+from transforms.knowledge.dedup.index import (
+    KEYS,
+    ReadEarlierIndexes,
+    keys_path,
+    this_runs_decisions,
+    write_chunk_keys,
+)
 from transforms.knowledge.dedup.minhash import (
     DocumentKeys,
     MinHasher,
@@ -52,7 +59,8 @@ class KeyDocuments(BackgroundWriter):
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
                  files: Sequence[str], tokenizer: str, token_cache: str | None = None,
-                 curation: BranchCuration | None = None):
+                 curation: BranchCuration | None = None, keys_dir: str | None = None):
+        self.keys_dir = keys_dir  # --write_dedup_index: each chunk's keys, for IndexDocuments
         self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
@@ -84,8 +92,11 @@ class KeyDocuments(BackgroundWriter):
         number = chunk_number(chunk.chunk_id)
         if self.config.dedup.active:
             # one element per chunk: a shuffled element costs more than its keys
-            yield tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
-                        for key, stats in kept)
+            keys = tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
+                         for key, stats in kept)
+            if self.keys_dir is not None:
+                self.write(write_chunk_keys, keys_path(self.keys_dir, chunk.chunk_id), keys)
+            yield keys
         boilerplate = self.config.boilerplate
         if boilerplate is not None:
             units = [(key, unit_hashes(stats.text, boilerplate)) for key, stats in kept]
@@ -140,6 +151,10 @@ class SecondRead:
     def decisions(self) -> str:
         return FileSystems.join(self.staging_dir, DECISIONS)
 
+    @property
+    def keys(self) -> str:
+        return FileSystems.join(self.staging_dir, KEYS)
+
 
 def dedup_shards(shards: Sequence[ShardSpec], specs: Sequence[InputSpec]) -> list[ShardSpec]:
     """The shards deduplication reads: those of inputs not declared ``branch=instruction``."""
@@ -155,8 +170,9 @@ class FindDuplicateDocuments(beam.PTransform):
     def __init__(self, shards: Sequence[ShardSpec], specs: Sequence[InputSpec],
                  chunk_records: int, max_record_bytes: int, config: KnowledgeConfig,
                  tokenizer: str, decisions: str, token_cache: str | None = None,
-                 curation: BranchCuration | None = None):
+                 curation: BranchCuration | None = None, keys_dir: str | None = None):
         super().__init__()
+        self.keys_dir = keys_dir
         self.curation = curation
         self.shards = dedup_shards(shards, specs)
         self.specs = tuple(specs)
@@ -176,12 +192,20 @@ class FindDuplicateDocuments(beam.PTransform):
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
             | "KeyDocuments" >> beam.ParDo(KeyDocuments(self.specs, config, files,
                                                         self.tokenizer, self.token_cache,
-                                                        self.curation)).with_outputs(
-                UNITS, main=DROPS))
+                                                        self.curation, self.keys_dir)
+                                           ).with_outputs(UNITS, main=DROPS))
         decisions = {}
         if config.dedup.active:
-            decisions[DROPS] = keyed[DROPS] | "FindDuplicates" >> FindDuplicates(
+            keys = keyed[DROPS]
+            if config.dedup_against:
+                earlier = pbegin | "ReadEarlierIndexes" >> ReadEarlierIndexes(
+                    config.dedup_against)
+                keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
+            decisions[DROPS] = keys | "FindDuplicates" >> FindDuplicates(
                 config.dedup.threshold, buckets, config.dedup.rounds)
+            if config.dedup_against:
+                decisions[DROPS] = decisions[DROPS] | "ThisRunsDecisions" >> beam.FlatMap(
+                    this_runs_decisions)
         if config.boilerplate is not None:
             decisions[UNITS] = keyed[UNITS] | "FindBoilerplate" >> FindBoilerplate(
                 config.boilerplate.min_documents, buckets)
