@@ -5,15 +5,20 @@ it is rebuilt only when templates/composer's pin files change) and
 tests/support/composer_dag_check.py runs there: Airflow's DagBag must import the DAG folder
 cleanly, and ``dag.test()`` runs the whole DAG once per scenario below against the Cloud Storage
 emulator (tests/support/gcs.py, started here) and a fake of the Dataflow REST API
-(tests/support/fake_dataflow.py), all in one subprocess shared by the tests.
+(tests/support/fake_dataflow.py), all in one subprocess shared by the tests. The DAG file's pure
+helpers are also unit-tested here, compiled without its Airflow imports.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import datetime
+import fnmatch
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from tests.support.gcs import child_env, cloud_env, metadata_server, storage_emu
 
 DAG_FOLDER = ROOT / "templates" / "composer"
 DAG_ID = "llm_dataprep"
+DAG_FILE = DAG_FOLDER / f"{DAG_ID}_dag.py"
 METADATA = ROOT / "templates" / "flex" / "metadata.json"
 # A manifest.json the pipeline wrote (c4_sample.jsonl and alpaca_seed_tasks.json of examples/).
 MANIFEST = ROOT / "tests" / "data" / "composer" / "manifest.json"
@@ -42,6 +48,9 @@ SETTINGS = {
     "service_account": "dataprep-worker@my-project-1234.iam.gserviceaccount.com",
     "environment": {"subnetwork": "regions/europe-west4/subnetworks/dataprep", "maxWorkers": 8},
 }
+PREPARED = f"gs://{BUCKET}/prepared"
+# What a finished run leaves that the DAG looks for (composer_dag_check writes the same on done).
+MANIFEST_FILE, INDEX_FILE = "manifest.json", "dedup_index/part-00000-of-00001.parquet"
 INSTALL_TIMEOUT_S = 1800
 CHECK_TIMEOUT_S = 300
 
@@ -52,9 +61,22 @@ def inputs_of(ds: str) -> dict[str, str]:
             f"gs://{BUCKET}/corpus/sft/{ds[:4]}/{ds[5:7]}/chats.json": "[]"}
 
 
-def scenario(name: str, ds: str, **fields) -> dict:
-    return {"name": name, "logical_date": f"{ds}T00:00:00+00:00", "objects": inputs_of(ds),
-            **fields}
+def earlier_run(ds: str, *names: str) -> dict[str, str]:
+    """Objects a run of the date ``ds`` left in its folder: by default a complete run's."""
+    return {f"{PREPARED}/{ds}/{name}": "{}" for name in names or (MANIFEST_FILE, INDEX_FILE)}
+
+
+def complete_runs(*days: str) -> dict[str, str]:
+    return {uri: text for ds in days for uri, text in earlier_run(ds).items()}
+
+
+def index_of(ds: str) -> str:
+    return f"{PREPARED}/{ds}/dedup_index"
+
+
+def scenario(name: str, ds: str, earlier: dict[str, str] | None = None, **fields) -> dict:
+    return {"name": name, "logical_date": f"{ds}T00:00:00+00:00",
+            "objects": {**inputs_of(ds), **(earlier or {})}, **fields}
 
 
 def unbalanced(manifest: dict) -> dict:
@@ -78,7 +100,7 @@ SCENARIOS = [
                     f"gs://{BUCKET}/corpus/web/2026-12-01/*.jsonl"]),
     scenario("overridden", "2026-11-21", manifest=BALANCED,
              conf={"input": f"gs://{BUCKET}/extra/{{ds_nodash}}/*.jsonl", "seq_len": 4096,
-                   "overwrite": True},
+                   "overwrite": True, "dedup_window_days": 0},
              objects={f"gs://{BUCKET}/extra/20261121/a.jsonl": '{"text": "x"}\n'}),
     scenario("active_job", "2026-11-22", manifest=BALANCED,
              active_jobs=[{"name": "llm-dataprep-20261122",
@@ -89,6 +111,15 @@ SCENARIOS = [
     scenario("failed_job", "2026-11-24", manifest=BALANCED, job_scripts=[FAILED]),
     scenario("lost_wait", "2026-11-26", manifest=BALANCED, fail_job_reads=1),
     scenario("unbalanced", "2026-11-25", manifest=unbalanced(BALANCED)),
+    # Deduplication across runs. Eight complete earlier dates: the default window takes seven.
+    scenario("dedup_window", "2026-12-10", manifest=BALANCED,
+             earlier=complete_runs(*(f"2026-12-{day:02d}" for day in range(2, 10)))),
+    # Gaps in a window of six: no run, runs without an index or a manifest, a stray file.
+    scenario("dedup_gaps", "2026-12-20", manifest=BALANCED, conf={"dedup_window_days": 6},
+             earlier={**complete_runs("2026-12-19", "2026-12-15", "2026-12-13"),
+                      **earlier_run("2026-12-17", MANIFEST_FILE),
+                      **earlier_run("2026-12-16", INDEX_FILE),
+                      **earlier_run("2026-12-14", MANIFEST_FILE, "dedup_index/_SUCCESS")}),
 ]
 
 
@@ -125,6 +156,25 @@ def report(tmp_path_factory) -> dict:
             check=False, env=env, cwd=home, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     assert check.returncode == 0, check.stdout[-5000:] + check.stderr[-5000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def helpers() -> dict:
+    """The DAG file's standard-library part (its imports of the standard library, constants and
+    functions; not the operator class nor the DAG), run without Airflow."""
+    tree = ast.parse(DAG_FILE.read_text())
+
+    def standard(node: ast.stmt) -> bool:
+        if isinstance(node, ast.Import):
+            return all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            return node.module.split(".")[0] in {"__future__", *sys.stdlib_module_names}
+        return isinstance(node, (ast.Assign, ast.AnnAssign, ast.FunctionDef))
+
+    namespace: dict = {"__name__": "llm_dataprep_dag_helpers"}
+    module = ast.Module(body=[n for n in tree.body if standard(n)], type_ignores=[])
+    exec(compile(module, str(DAG_FILE), "exec"), namespace)
+    return namespace
 
 
 def run_of(report: dict, name: str) -> dict:
@@ -181,6 +231,7 @@ def test_scheduled_run_launches_once_into_its_dated_directory(report):
         "sdk_container_image": SETTINGS["image"],
         "tokenizer": "qwen2-offline", "block_size": "2048", "seq_len": "2048",
         "assistant_turns": "all", "num_shards": "0",
+        "write_dedup_index": "true",  # the first date: no earlier index, no dedup_against
     }
     assert body["environment"] == {
         "machineType": "n2-standard-4", "maxWorkers": 8, "diskSizeGb": 50,
@@ -308,3 +359,126 @@ def test_launch_parameters_are_template_parameters_with_valid_values(report):
                 if "enumOptions" in declared[name]:
                     assert value in [o["value"] for o in declared[name]["enumOptions"]]
 
+
+# ------------------------------------------------------------------ deduplication across runs
+
+
+def skip_lines(run: dict) -> list[str]:
+    return [line for line in run["logged"] if line.startswith("not deduplicating against")]
+
+
+def test_every_run_writes_its_dedup_index_and_the_window_defaults_to_a_week(report):
+    assert report["dag"]["params"]["dedup_window_days"] == 7
+    launches = [r for run in report["runs"] for r in run["launches"]]
+    assert launches and all(r["launchParameter"]["parameters"]["write_dedup_index"] == "true"
+                            for r in launches)
+
+
+def test_the_first_date_passes_no_earlier_index_and_logs_the_dates_it_looked_for(report):
+    run = run_of(report, "scheduled")
+    assert "dedup_against" not in launch_of(report, "scheduled")["parameters"]
+    days = [f"2026-11-{day}" for day in range(19, 12, -1)]
+    assert skip_lines(run) == [f"not deduplicating against {ds}: no {PREPARED}/{ds}/manifest.json"
+                               " (a missing or incomplete run)" for ds in days]
+
+
+def test_a_run_deduplicates_against_the_indexes_the_runs_before_it_wrote(report):
+    """The scenarios run in order in one bucket: the 2026-11-23 run finds what the jobs of
+    2026-11-21 and 2026-11-20 left (a manifest and an index each), but not 2026-11-22's index:
+    that job was started outside the DAG, without ``write_dedup_index``."""
+    run = run_of(report, "lost_launch_response")
+    parameters = run["launches"][0]["launchParameter"]["parameters"]
+    assert parameters["dedup_against"] == f"{index_of('2026-11-21')},{index_of('2026-11-20')}"
+    assert skip_lines(run)[0] == (f"not deduplicating against 2026-11-22: no {PREPARED}/"
+                                  "2026-11-22/dedup_index/*.parquet (a missing or incomplete run)")
+
+
+def test_the_window_passes_every_complete_earlier_date_newest_first(report):
+    run = run_of(report, "dedup_window")
+    assert run["state"] == "success" and states(run) == ALL_SUCCESS
+    parameters = launch_of(report, "dedup_window")["parameters"]
+    week = [index_of(f"2026-12-{day:02d}") for day in range(9, 2, -1)]  # not 2026-12-02
+    assert parameters["dedup_against"] == ",".join(week)
+    assert parameters["write_dedup_index"] == "true"
+    assert skip_lines(run) == []
+    assert f"deduplicating against 7 earlier runs: {', '.join(week)}" in run["logged"]
+
+
+def test_missing_and_incomplete_dates_are_skipped_and_logged_the_others_passed(report):
+    run = run_of(report, "dedup_gaps")
+    assert run["state"] == "success" and states(run) == ALL_SUCCESS
+    parameters = launch_of(report, "dedup_gaps")["parameters"]
+    assert parameters["dedup_against"] == f"{index_of('2026-12-19')},{index_of('2026-12-15')}"
+    assert skip_lines(run) == [
+        f"not deduplicating against {ds}: no {PREPARED}/{ds}/{lacks} (a missing or incomplete run)"
+        for ds, lacks in [("2026-12-18", "manifest.json"),  # no run
+                          ("2026-12-17", "dedup_index/*.parquet"),  # run without an index
+                          ("2026-12-16", "manifest.json"),  # a run that did not finish
+                          ("2026-12-14", "dedup_index/*.parquet")]]  # not an index file
+
+
+def test_a_window_of_zero_days_deduplicates_against_nothing(report):
+    """The 2026-11-21 run, triggered with a window of 0, though 2026-11-20's run is complete."""
+    run = run_of(report, "overridden")
+    parameters = launch_of(report, "overridden")["parameters"]
+    assert "dedup_against" not in parameters and parameters["write_dedup_index"] == "true"
+    assert [line for line in run["logged"] if "deduplicating" in line] == []
+
+
+class Bucket:
+    """``exists`` over a set of object names, ``*`` within one folder as the DAG's ``matches``
+    reads it; every pattern asked about is kept."""
+
+    def __init__(self, *names: str):
+        self.names, self.asked = set(names), []
+
+    def __call__(self, pattern: str) -> bool:
+        self.asked.append(pattern)
+        return any(fnmatch.fnmatchcase(name, pattern) and name.count("/") == pattern.count("/")
+                   for name in self.names)
+
+
+def objects(*runs: dict[str, str]) -> list[str]:
+    return [uri for run in runs for uri in run]
+
+
+DAY = datetime.datetime(2026, 12, 10, tzinfo=datetime.UTC)
+
+
+def test_dedup_window_all_earlier_dates_complete_newest_first(helpers):
+    bucket = Bucket(*objects(complete_runs("2026-12-09", "2026-12-08", "2026-12-07")))
+    folders, skipped = helpers["dedup_window"](f"{PREPARED}/", DAY, 3, bucket)
+    assert folders == [index_of("2026-12-09"), index_of("2026-12-08"), index_of("2026-12-07")]
+    assert skipped == {}
+    assert bucket.asked[:2] == [f"{PREPARED}/2026-12-09/manifest.json",
+                                f"{PREPARED}/2026-12-09/dedup_index/*.parquet"]
+
+
+def test_dedup_window_skips_missing_and_incomplete_dates_saying_what_they_lack(helpers):
+    bucket = Bucket(*objects(complete_runs("2026-12-09", "2026-12-06"),
+                             earlier_run("2026-12-08", MANIFEST_FILE),
+                             earlier_run("2026-12-07", INDEX_FILE)))
+    folders, skipped = helpers["dedup_window"](PREPARED, DAY, 5, bucket)
+    assert folders == [index_of("2026-12-09"), index_of("2026-12-06")]
+    assert skipped == {"2026-12-08": f"no {PREPARED}/2026-12-08/dedup_index/*.parquet",
+                       "2026-12-07": f"no {PREPARED}/2026-12-07/manifest.json",
+                       "2026-12-05": f"no {PREPARED}/2026-12-05/manifest.json"}
+    assert f"{PREPARED}/2026-12-05/dedup_index/*.parquet" not in bucket.asked  # no manifest: done
+
+
+def test_dedup_window_on_the_first_date_and_across_a_year_end(helpers):
+    """A manual run is named by its time; its earlier dates are still whole days before."""
+    manual = datetime.datetime(2027, 1, 2, 15, 30, tzinfo=datetime.UTC)
+    folders, skipped = helpers["dedup_window"](PREPARED, manual, 3, Bucket())
+    assert folders == []
+    assert list(skipped) == ["2027-01-01", "2026-12-31", "2026-12-30"]
+
+
+def test_dedup_window_of_zero_days_asks_nothing(helpers):
+    bucket = Bucket(*objects(complete_runs("2026-12-09")))
+    assert helpers["dedup_window"](PREPARED, DAY, 0, bucket) == ([], {})
+    assert bucket.asked == []
+
+
+def test_output_dir_is_the_folder_the_window_looks_in(helpers):
+    assert helpers["output_dir"](f"{PREPARED}/", DAY) == f"{PREPARED}/2026-12-10"

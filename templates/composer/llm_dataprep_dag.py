@@ -2,7 +2,8 @@
 
 Four tasks per run (docs/deployment.md, "Schedule it from Cloud Composer"):
 
-1. ``plan_run`` works out the date's inputs, output directory, job name and launch request;
+1. ``plan_run`` works out the date's inputs, output directory, job name and launch request,
+   with the deduplication indexes of the earlier dates' complete runs to filter copies against;
 2. ``wait_for_inputs`` waits, without holding a worker slot, until every input pattern matches
    at least one object;
 3. ``prepare_training_data`` launches the template, unless a job of the same name is already
@@ -16,6 +17,11 @@ worker finds the running job. Outputs go to ``OUTPUT_ROOT/<date>``; a first try 
 existing outputs (the launcher refuses), a retry replaces its own earlier try's partial outputs,
 and ``{"overwrite": true}`` in a run's conf replaces a finished date on purpose.
 
+Every run writes its ``dedup_index/`` and deduplicates against those of the ``dedup_window_days``
+dates before its own (default 7) whose runs completed, so a document republished a few days
+later is filtered as ``duplicate_earlier_run`` instead of being trained on twice; a missing or
+incomplete date is skipped, with a line in ``plan_run``'s log.
+
 Deployment settings are one JSON Airflow Variable, ``llm_dataprep``; pipeline settings are DAG
 params, which a manual trigger may change. Everything is read when a task runs, so parsing the
 DAG needs no Variable and no database.
@@ -25,8 +31,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from airflow.providers.google.cloud.hooks.gcs import GCSHook
 from airflow.providers.google.cloud.operators.dataflow import DataflowStartFlexTemplateOperator
@@ -57,6 +64,12 @@ JOB_POLL_S = 60
 ACTIVE = "ACTIVE"
 ALREADY_EXISTS = 409
 GLOB_CHARS = "*?["
+DEDUP_INDEX = "dedup_index"
+# What --dedup_against accepts: an index folder with Parquet files of its own, beside the
+# manifest.json a run writes last (the pipeline refuses any other path and fails the launch).
+COMPLETE_RUN = ("manifest.json", f"{DEDUP_INDEX}/*.parquet")
+
+log = logging.getLogger(__name__)
 
 
 def run_date(context: Mapping) -> datetime.datetime:
@@ -68,6 +81,31 @@ def run_date(context: Mapping) -> datetime.datetime:
 def job_name(date: datetime.datetime) -> str:
     """The same for every try of a date, so a retry can find the job an earlier try started."""
     return f"{JOB_PREFIX}-{date:%Y%m%d}"
+
+
+def output_dir(output_root: str, date: datetime.datetime) -> str:
+    """``OUTPUT_ROOT/<date>``: one folder per date, so each run's outputs and index stand apart."""
+    return f"{output_root.rstrip('/')}/{date:%Y-%m-%d}"
+
+
+def dedup_window(output_root: str, date: datetime.datetime, days: int,
+                 exists: Callable[[str], bool]) -> tuple[list[str], dict[str, str]]:
+    """The ``dedup_index`` folders of the ``days`` dates before ``date``, newest first, whose run
+    is complete, and the dates skipped with what they lack; ``exists(pattern)`` says whether a
+    gs:// pattern matches an object. A date that never ran, failed, or ran without an index is
+    skipped, not an error: the pipeline refuses an index that is not there, and one bad day must
+    not stop the next week's runs."""
+    folders, skipped = [], {}
+    for back in range(1, days + 1):
+        earlier = date - datetime.timedelta(days=back)
+        folder = output_dir(output_root, earlier)
+        missing = next((f"{folder}/{name}" for name in COMPLETE_RUN
+                        if not exists(f"{folder}/{name}")), None)
+        if missing is None:
+            folders.append(f"{folder}/{DEDUP_INDEX}")
+        else:
+            skipped[f"{earlier:%Y-%m-%d}"] = f"no {missing}"
+    return folders, skipped
 
 
 def resolve_inputs(patterns: str, date: datetime.datetime) -> str:
@@ -211,18 +249,24 @@ with DAG(
         "seq_len": Param(2048, type="integer", minimum=1),
         "assistant_turns": Param("all", enum=["all", "last"]),
         "num_shards": Param(0, type="integer", minimum=0),
+        "dedup_window_days": Param(
+            7, type="integer", minimum=0,
+            description="deduplicate against the indexes of this many earlier dates' complete "
+                        "runs (0: none)"),
     },
     tags=["dataflow", "llm"],
 ) as dag:
 
     @task(multiple_outputs=True)
     def plan_run(**context) -> dict:
-        """The date's inputs, output directory and launch request, from the Variable and params."""
+        """The date's inputs, output directory and launch request, from the Variable and params;
+        the earlier dates' indexes are looked up now, when no other run of the DAG is writing
+        one (max_active_runs=1)."""
         settings = Variable.get(VARIABLE, deserialize_json=True)
         params = context["params"]
         date = run_date(context)
         inputs = resolve_inputs(params["input"] or settings["input"], date)
-        output = f"{settings['output_root'].rstrip('/')}/{date:%Y-%m-%d}"
+        output = output_dir(settings["output_root"], date)
         environment = {
             **WORKER_DEFAULTS,
             "tempLocation": settings["temp_location"],
@@ -237,7 +281,18 @@ with DAG(
             "overwrite": str(bool(params["overwrite"])).lower(),
             "sdk_container_image": settings["image"],
             **{name: str(params[name]) for name in PIPELINE_PARAMS},
+            "write_dedup_index": "true",  # the index later dates deduplicate against
         }
+        hook = GCSHook()
+        indexes, skipped = dedup_window(settings["output_root"], date,
+                                        params["dedup_window_days"],
+                                        lambda pattern: matches(hook, pattern))
+        for day, why in skipped.items():
+            log.info("not deduplicating against %s: %s (a missing or incomplete run)", day, why)
+        if indexes:  # never an empty value: the first day has no earlier index
+            parameters["dedup_against"] = ",".join(indexes)
+            log.info("deduplicating against %d earlier runs: %s", len(indexes),
+                     ", ".join(indexes))
         return {
             "inputs": inputs,
             "output": output,

@@ -10,7 +10,8 @@ the triggerer would). Two services are local fakes:
 - the Dataflow REST API is ``fake_dataflow.FakeDataflow``: the provider's ``DataflowHook`` builds
   its real API client against it (only the endpoint and credentials differ), and the trigger's
   gRPC status call is answered from the same fake, so a job "runs" by being polled. A job that
-  reaches ``JOB_STATE_DONE`` writes the scenario's manifest to its output directory.
+  reaches ``JOB_STATE_DONE`` writes the scenario's manifest to its output directory, and an
+  index file into its ``dedup_index/`` when launched with ``write_dedup_index=true``.
 
 Writes one JSON report to OUT (Airflow logs to stdout) for tests/test_composer_dag.py. Expects
 AIRFLOW_HOME with a migrated database and AIRFLOW__CORE__DAGS_FOLDER set to DAG_FOLDER.
@@ -21,7 +22,8 @@ SCENARIOS is a JSON file holding a list of scenarios. A scenario: ``{"name", "lo
 "conf", "objects": {gs_uri: text} to upload first,
 "manifest": what a finished job writes, "active_jobs": [{"name", "output"}] already running,
 "job_scripts": [[state, ...], ...] for the jobs launched, "drop_launch_responses": N,
-"fail_job_reads": N, "globs": [patterns to match against the bucket]}``.
+"fail_job_reads": N, "globs": [patterns to match against the bucket]}``. Each run's report
+has the lines the DAG file logged (``logged``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import copy
 import datetime
 import importlib.util
 import json
+import logging
 import os
 import sys
 import urllib.request
@@ -48,6 +51,19 @@ from google.cloud.dataflow_v1beta3 import JobState
 from googleapiclient.discovery import build
 
 LAUNCH_TASK = "prepare_training_data"
+INDEX_FILE = "dedup_index/part-00000-of-00001.parquet"
+
+
+class Recorder(logging.Handler):
+    """Keeps the messages logged from one source file (the DAG's), whatever its logger."""
+
+    def __init__(self, path: Path):
+        super().__init__(logging.DEBUG)
+        self.path, self.messages = path.resolve(), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if Path(record.pathname).resolve() == self.path:
+            self.messages.append(record.getMessage())
 
 
 def load_dag_module(dag_folder: str, dag_id: str):
@@ -81,7 +97,15 @@ def describe(dag) -> dict:
     }
 
 
-def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
+def finish_job(job: dict, manifest: dict) -> None:
+    """What a finished job leaves: its manifest and, when asked for, its deduplication index."""
+    output = job["parameters"]["output"]
+    if job["parameters"].get("write_dedup_index") == "true":
+        upload(f"{output}/{INDEX_FILE}", "PAR1")
+    upload(f"{output}/manifest.json", json.dumps(manifest))
+
+
+def run_scenario(dag, fake: FakeDataflow, scenario: dict, dag_file: Path) -> dict:
     for uri, text in scenario.get("objects", {}).items():
         upload(uri, text)
     fake.requests.clear()
@@ -92,8 +116,7 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
     fake.next_scripts = [list(s) for s in scenario.get("job_scripts", [])]
     fake.drop_launch_responses = scenario.get("drop_launch_responses", 0)
     fake.fail_job_reads = scenario.get("fail_job_reads", 0)
-    fake.on_done = lambda job: upload(f"{job['parameters']['output']}/manifest.json",
-                                      json.dumps(scenario["manifest"]))
+    fake.on_done = lambda job: finish_job(job, scenario["manifest"])
     # Tasks run in this process, and running one merges the run's conf into its params object:
     # give every run fresh copies, as a new task process would have.
     params = {t.task_id: copy.deepcopy(t.params) for t in dag.tasks}
@@ -104,9 +127,14 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
         deferrals.append(kwargs["timeout"])
         defer(task, **kwargs)
 
-    with mock.patch.object(BaseOperator, "defer", recorded_defer):
-        run = dag.test(logical_date=datetime.datetime.fromisoformat(scenario["logical_date"]),
-                       run_conf=scenario.get("conf", {}))
+    recorder, root = Recorder(dag_file), logging.getLogger()
+    root.addHandler(recorder)
+    try:
+        with mock.patch.object(BaseOperator, "defer", recorded_defer):
+            run = dag.test(logical_date=datetime.datetime.fromisoformat(scenario["logical_date"]),
+                           run_conf=scenario.get("conf", {}))
+    finally:
+        root.removeHandler(recorder)
     for t in dag.tasks:
         t.params = params[t.task_id]
     tasks = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number}
@@ -118,6 +146,7 @@ def run_scenario(dag, fake: FakeDataflow, scenario: dict) -> dict:
                           if r["method"] == "GET" and "/jobs/" in r["path"]}),
         "jobs": [dict(job) for job in fake.jobs],
         "defer_timeouts_s": [t.total_seconds() if t else None for t in deferrals],
+        "logged": recorder.messages,
     }
 
 
@@ -136,7 +165,8 @@ def main(dag_folder: str, dag_id: str, scenarios: str, out: str) -> None:
         fake = FakeDataflow()
         with serve(fake) as endpoint, patched_dataflow(endpoint):
             scenarios_list = json.loads(Path(scenarios).read_text())
-            report["runs"] = [run_scenario(dag, fake, s) for s in scenarios_list]
+            dag_file = Path(dag_folder) / f"{dag_id}_dag.py"
+            report["runs"] = [run_scenario(dag, fake, s, dag_file) for s in scenarios_list]
             report["globs"] = {pattern: module.matches(GCSHook(), pattern)
                                for s in scenarios_list for pattern in s.get("globs", [])}
     with open(out, "w") as handle:
