@@ -4,6 +4,7 @@ parts -> sharded files and manifest; a phased run is this graph once per phase."
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ from transforms.core.steps import FILE_STATS, PARTS, STATS, Part, TailPlan, tail
 from transforms.core.tokenizer import load_tokenizer, tokenizer_identity
 from transforms.core.vocabulary import FILTERED, INSTRUCTION, KNOWLEDGE
 from transforms.instruction.branch import InstructionBranch
+from transforms.instruction.dedup import ConversationDedup
 from transforms.io.formats import stages_documents
 from transforms.io.manifest import KeepTopDomains, KeepWorstFiles, sum_counters
 from transforms.io.read_inputs import ReadInputs
@@ -72,7 +74,9 @@ def build_graph(p: beam.Pipeline | beam.pvalue.PBegin, cfg: PrepConfig,
         routed[INSTRUCTION]
         | "InstructionBranch" >> InstructionBranch(
             cfg.tokenizer, cfg.instruction, tail_plan(cfg, shards, INSTRUCTION),
-            cfg.curation.for_branch(INSTRUCTION, cfg.inputs)))
+            cfg.curation.for_branch(INSTRUCTION, cfg.inputs), second_read,
+            ConversationDedup(dataclasses.replace(cfg.knowledge.dedup, mode=cfg.instruction.dedup),
+                              cfg.knowledge.dedup_against, cfg.knowledge.dedup_index)))
     # Each step's tables are written to staging by a DoFn fused with the step, and only the
     # small StagedFile notes are flattened: the DirectRunner materialises a flatten of several
     # stages' outputs, which would hold every output row in memory at once.

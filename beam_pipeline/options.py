@@ -165,6 +165,11 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
     if knowledge.tokenize_only and (curation.language.filters or curation.urls.active):
         raise ValueError("--tokenize_only skips every step before tokenization: drop "
                          "--languages and --url_blocklist, or curate in this run")
+    instruction = InstructionConfig.from_options(options)
+    if ((knowledge.dedup_index or knowledge.dedup_against) and not knowledge.dedup.active
+            and instruction.dedup == "none"):
+        raise ValueError("--write_dedup_index and --dedup_against need deduplication on: "
+                         "--dedup=exact or near (and no --tokenize_only), or --instruction_dedup")
     if knowledge.tokenize_only and curation.scores.for_branch(KNOWLEDGE).models:
         raise ValueError("--tokenize_only skips every step before tokenization, scores too: "
                          "give the knowledge branch's --quality_model in the curating run")
@@ -176,7 +181,7 @@ def config_from_options(options: PipelineOptions) -> PrepConfig:
         output=prep.output.rstrip("/"),
         tokenizer=prep.tokenizer,
         knowledge=knowledge,
-        instruction=InstructionConfig.from_options(options),
+        instruction=instruction,
         curation=curation,
         output_format=formats,
         num_shards=prep.num_shards,

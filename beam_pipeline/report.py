@@ -52,7 +52,7 @@ SECTIONS = (
     ("languages", "Languages of knowledge documents"),
     ("quality-scores", "Quality model scores"),
     ("domains", "Domains of documents' URLs"),
-    ("validation", "Validation and decontamination"),
+    ("validation", "Validation, decontamination and conversation copies"),
     ("tokenizer", "Tokenizer"),
 )
 SHARE_BINS = np.linspace(0.0, 1.0, 21)  # trained share and pack fill, in 5% steps
@@ -641,6 +641,12 @@ def _validation(manifest: Mapping, held_sft: PackStats) -> str:
                              "knowledge removed", "instruction removed"), rows))
     else:
         parts.append(_none("no evaluation set was given, so nothing was decontaminated"))
+    dedup = manifest["instruction"].get("dedup") or {}
+    if dedup.get("mode", "none") != "none":
+        dropped = ", ".join(f"{html.escape(reason)} {count:,}"
+                            for reason, count in dedup["dropped"].items()) or "none"
+        parts.append(f"<p>conversations deduplicated ({html.escape(dedup['mode'])}), dropped "
+                     f"as copies: {dropped}</p>")
     return "".join(parts)
 
 

@@ -31,6 +31,7 @@ import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 EMAIL, IP_ADDRESS, PHONE, CARD_NUMBER, SECRET = (
     "email", "ip_address", "phone", "card_number", "secret")
@@ -313,3 +314,21 @@ def count_found(branch: str, found: collections.Counter) -> dict[str, int]:
     """A chunk's counters: spans by kind, and the records holding any (``documents`` in the
     knowledge branch, ``examples`` in the instruction branch), under ``pii.BRANCH.``."""
     return {f"pii.{branch}.{name}": count for name, count in found.items()}
+
+
+_STRUCTURAL_KEYS = frozenset({"role", "type", "name"})  # a role, a call's type, a tool's name
+
+
+def redact_value(value: Any, config: PiiConfig, found: collections.Counter) -> Any:
+    """``value`` with every string inside it (dict values, list items) redacted, but for the
+    values of ``_STRUCTURAL_KEYS``; dict keys stay."""
+    if isinstance(value, str):
+        text, spans = redact(value, config)
+        found.update(spans)
+        return text
+    if isinstance(value, dict):
+        return {key: item if key in _STRUCTURAL_KEYS else redact_value(item, config, found)
+                for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(redact_value(item, config, found) for item in value)
+    return value

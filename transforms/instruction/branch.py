@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -54,11 +53,12 @@ from transforms.core.vocabulary import (
 from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
-from transforms.curation.pii import PiiConfig, count_found, redact
+from transforms.curation.pii import PiiConfig, count_found, redact_value
 from transforms.curation.scores import FilterByScore, InstructionText, ScoreRecords
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
 from transforms.instruction.chat_template import reasoning_placements, start_encoding
+from transforms.instruction.dedup import ConversationDedup, drop_duplicates, index_step
 from transforms.instruction.options import InstructionConfig
 from transforms.instruction.rendering.values import EncodedExample
 from transforms.instruction.schema import (
@@ -66,6 +66,7 @@ from transforms.instruction.schema import (
     RecordSchema,
     check_conversation,
 )
+from transforms.knowledge.dedup.first_pass import SecondRead
 
 SFT = "sft"
 SFT_EXAMPLES = "sft_examples"  # --write_examples: the packed examples, one per row, unpacked
@@ -184,7 +185,7 @@ class RedactConversations(ChunkStep):
         conversations = []
         for conversation in chunk.conversations:
             spans: collections.Counter = collections.Counter()
-            messages = tuple(_redacted(message, self.config, spans)
+            messages = tuple(redact_value(message, self.config, spans)
                              for message in conversation.messages)
             if spans:
                 found.update(spans)
@@ -194,24 +195,6 @@ class RedactConversations(ChunkStep):
         for name, count in count_found(INSTRUCTION, found).items():
             self.count(name, count)
         yield ConversationChunk(chunk.chunk_id, chunk.records, tuple(conversations))
-
-
-_STRUCTURAL_KEYS = frozenset({"role", "type", "name"})  # a role, a call's type, a tool's name
-
-
-def _redacted(value: Any, config: PiiConfig, found: collections.Counter) -> Any:
-    """``value`` with every string inside it (dict values, list items) redacted, but for the
-    values of ``_STRUCTURAL_KEYS``; dict keys stay."""
-    if isinstance(value, str):
-        text, spans = redact(value, config)
-        found.update(spans)
-        return text
-    if isinstance(value, dict):
-        return {key: item if key in _STRUCTURAL_KEYS else _redacted(item, config, found)
-                for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_redacted(item, config, found) for item in value)
-    return value
 
 
 class EncodeConversations(OverlappedStep):
@@ -362,8 +345,12 @@ class InstructionBranch(beam.PTransform):
     out. The parts stay apart so that each is staged where it is made (see build_graph)."""
 
     def __init__(self, tokenizer: str, config: InstructionConfig, tails: TailPlan,
-                 curation: BranchCuration | None = None):
+                 curation: BranchCuration | None = None, second_read: SecondRead | None = None,
+                 dedup: ConversationDedup | None = None):
         super().__init__()
+        self.second_read = second_read  # for deduplication's pass one
+        self.dedup = dedup if second_read is not None and dedup is not None else None
+        self.config = config
         self.curation = curation or BranchCuration()
         self.schemas = config.load_schemas()
         self.limits = config.limits
@@ -382,6 +369,9 @@ class InstructionBranch(beam.PTransform):
         steps.then("Adapt", AdaptConversations(self.limits))
         if curation.pii.active:
             steps.then("RedactPersonalData", RedactConversations(curation.pii))
+        dedup = self.dedup if self.dedup is not None and self.dedup.config.active else None
+        if dedup is not None:
+            drop_duplicates(steps, self.second_read, self.config, curation.pii, dedup)
         if curation.decontam is not None:
             steps.then("Decontaminate",
                        Decontaminate(curation.decontam, INSTRUCTION, conversation_texts))
@@ -396,6 +386,8 @@ class InstructionBranch(beam.PTransform):
                                                                   curation.seed))
         if curation.mix is not None:
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
+        if dedup is not None and dedup.index:
+            steps.then("IndexConversations", index_step(self.second_read))
         if self.write_examples:
             steps.then("WriteExamples", WriteExamples(curation.scores.names))
         packed = steps.then("Pack", PackSequences(self.seq_len, self.max_segments, self.pad_id),

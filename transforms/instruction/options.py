@@ -15,6 +15,7 @@ from transforms.instruction.chat_template import OVERFLOW_POLICIES
 from transforms.instruction.rendering.renderer import SYSTEM_NONE, SYSTEM_TEMPLATE
 from transforms.instruction.rendering.values import MaskOptions
 from transforms.instruction.schema import ConversationLimits, RecordSchema, load_schemas
+from transforms.knowledge.dedup.config import MODES as DEDUP_MODES
 
 GROUP = "instruction branch"
 
@@ -90,6 +91,13 @@ class InstructionOptions(PipelineOptions):
             help="Also write the tokenized, masked examples unpacked to OUTPUT/sft_examples/ "
             "(input_ids, labels, sources; one example per row), for a loader that packs anew "
             "each epoch (default false).")
+        group.add_argument(
+            "--instruction_dedup", choices=DEDUP_MODES, default="none",
+            help="Deduplicate conversations across the run over their normalised text (each "
+            "message's role and text content, NFKC, case-folded, spacing collapsed): 'exact', "
+            "'near' (MinHash with the --dedup_* settings) or 'none' (default). The copy with "
+            "the smallest (input, source, position) survives; with --dedup_against an earlier "
+            "run's copy wins.")
 
 
 def system_prompt(text: str) -> str:
@@ -132,6 +140,7 @@ class InstructionConfig:
     pad_to_seq_len: bool = False
     write_examples: bool = False
     template_markup_as_text: bool = False
+    dedup: str = "none"  # --instruction_dedup
 
     @classmethod
     def from_options(cls, options: PipelineOptions) -> InstructionConfig:
@@ -146,7 +155,8 @@ class InstructionConfig:
                      max_chars=view.max_chars, overflow=view.overflow,
                      pad_to_seq_len=view.pad_to_seq_len,
                      write_examples=view.write_examples,
-                     template_markup_as_text=view.template_markup_as_text)
+                     template_markup_as_text=view.template_markup_as_text,
+                     dedup=view.instruction_dedup)
         config.load_schemas()
         return config
 

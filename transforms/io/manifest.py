@@ -258,6 +258,8 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "dedup_index": {
                 "rows": knowledge.get("dedup_index_rows", 0)
                 + validation.get("knowledge.dedup_index_rows", 0),
+                "instruction_rows": instruction.get("dedup_index_rows", 0)
+                + validation.get("instruction.dedup_index_rows", 0),
                 "against": list(config["knowledge"].get("dedup_against", ())),
                 "duplicates_of_earlier_runs": filtered.get(DUPLICATE_EARLIER_RUN, 0)},
             "separator_tokens": knowledge.get("separator_tokens", 0),
@@ -293,6 +295,9 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             "pad_tokens": instruction.get("pad_tokens", 0),
             # --write_examples: rows of sft_examples/, the same examples as the packs hold
             "examples_written": instruction.get("examples_written", 0),
+            # --instruction_dedup: the conversations dropped as copies, by reason
+            "dedup": {"mode": config["instruction"].get("dedup", "none"),
+                      "dropped": _by_prefix(instruction, "dropped.")},
         },
         "personal_data": _personal_data(stats, config),
         "domains": _domains(stats, config),
@@ -536,7 +541,8 @@ def check_rows_written(manifest: Mapping) -> None:
     if manifest["config"]["knowledge"].get("write_documents"):
         expected.update(documents)
     if manifest["config"]["knowledge"].get("dedup_index"):
-        expected[DEDUP_INDEX] = manifest["knowledge"]["dedup_index"]["rows"]
+        index = manifest["knowledge"]["dedup_index"]
+        expected[DEDUP_INDEX] = index["rows"] + index["instruction_rows"]
     for format_kind in format_kinds(manifest["config"].get("output_format", ())):
         source = format_kind.source
         if source in expected or source in documents:

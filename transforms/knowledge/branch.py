@@ -321,7 +321,9 @@ class KnowledgeBranch(beam.PTransform):
                    | "FindDuplicateDocuments" >> FindDuplicateDocuments(
                        read.shards, read.specs, read.chunk_records, read.max_record_bytes,
                        self.config, self.tokenizer, read.decisions, self.token_cache,
-                       self.curation, read.keys if self.config.dedup_index else None)
+                       self.curation,
+                       read.keys if self.config.dedup_index and self.config.dedup.active
+                       else None)
                    | "CountDecisionFiles" >> beam.combiners.Count.Globally())
         files = file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs))
         return DropDuplicates(files, read.decisions, self.config), written
@@ -355,11 +357,11 @@ class KnowledgeBranch(beam.PTransform):
             steps.add(steps.main | "MixSources" >> MixSources(curation.mix, UNSELECTED))
         if curation.language.partition:
             steps.then("PartitionByLanguage", PartitionByLanguage())
-        if config.dedup_index and self.token_cache is not None:
+        if config.dedup_index and config.dedup.active:
             read = self.second_read
-            steps.then("IndexDocuments", IndexDocuments(
-                file_numbering(shard.source for shard in dedup_shards(read.shards, read.specs)),
-                read.keys))
+            files = file_numbering(shard.source
+                                   for shard in dedup_shards(read.shards, read.specs))
+            steps.then("IndexDocuments", IndexDocuments(KNOWLEDGE, files, read.keys))
         blocks = steps.then("ConcatenateBlocks",
                             ConcatenateBlocks(self.tokenizer, config.block_size,
                                               self.stage_documents, config.write_documents,

@@ -230,8 +230,5 @@ class KnowledgeConfig:
         )
 
     def __post_init__(self) -> None:
-        if (self.dedup_index or self.dedup_against) and not self.dedup.active:
-            raise ValueError("--write_dedup_index and --dedup_against need deduplication on "
-                             "(--dedup=exact or near, and no --tokenize_only)")
         for path in self.dedup_against:
             check_earlier_index(path, self.dedup)

@@ -145,12 +145,14 @@ class ChunkDecisions:
         return cls(drops, units, survivors)
 
     def verdict(self, record: Record, files: Sequence[str],
-                file_numbers: Mapping[str, int], earlier: Sequence[str] = ()) -> Drop | None:
+                file_numbers: Mapping[str, int], earlier: Sequence[str] = (),
+                text: str | None = None) -> Drop | None:
         """The ``Drop`` of a record to drop (its message names the surviving copy, in this run
         or in one of the ``earlier`` runs' indexes), else None. A decision counts only for the
-        text it was made for, so a stale file drops nothing."""
+        text it was made for (the record's own, or ``text``: a conversation's), so a stale file
+        drops nothing."""
         found = self.drops.get(record_key(record, file_numbers))
-        if found is None or found[0] != text_hash(record.value):
+        if found is None or found[0] != text_hash(record.value if text is None else text):
             return None
         _, reason, kept = found
         if reason == DUPLICATE_EARLIER_RUN:

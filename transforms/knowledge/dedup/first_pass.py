@@ -199,7 +199,7 @@ class FindDuplicateDocuments(beam.PTransform):
             keys = keyed[DROPS]
             if config.dedup_against:
                 earlier = pbegin | "ReadEarlierIndexes" >> ReadEarlierIndexes(
-                    config.dedup_against)
+                    config.dedup_against, KNOWLEDGE)
                 keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
             decisions[DROPS] = keys | "FindDuplicates" >> FindDuplicates(
                 config.dedup.threshold, buckets, config.dedup.rounds)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.records import RecordChunk
 from transforms.core.steps import PARTS, VALIDATION_MARK, ChunkStep, Part, partition_of
 from transforms.core.vocabulary import DUPLICATE_EARLIER_RUN
 from transforms.io.formats import DEDUP_INDEX
@@ -37,13 +38,13 @@ from transforms.knowledge.dedup.minhash import (
     DocumentKeys,
     Node,
     chunk_number,
-    record_key,
 )
 from transforms.knowledge.document_records import document_id
 
 KEYS = "dedup-keys"  # under the staging directory: the first pass's keys, a file per chunk
 EARLIER = -1  # the input index of an earlier run's documents: before every input of this run
 INDEX_SCHEMA = pa.schema([
+    ("branch", pa.string()),  # knowledge or instruction: each branch joins its own rows
     ("id", pa.string()),  # the document's id, as documents/ has it
     ("digest", pa.binary(16)),  # the hash of its normalised text
     ("bands", pa.list_(pa.binary(8))),  # its LSH band keys (near mode)
@@ -51,7 +52,7 @@ INDEX_SCHEMA = pa.schema([
 ])
 # The first pass's keys of a chunk: the record key (input, file, position), then as the index.
 _KEYS_SCHEMA = pa.schema([("input", pa.int64()), ("file", pa.int64()), ("position", pa.int64()),
-                          *list(INDEX_SCHEMA)[1:]])
+                          *list(INDEX_SCHEMA)[2:]])
 # What must agree for two runs' keys to be comparable (the threshold is this run's own).
 COMPATIBLE = ("ngram", "num_perm", "bands")
 
@@ -77,33 +78,33 @@ def base_chunk_id(chunk_id: str) -> str:
 
 
 class IndexDocuments(ChunkStep):
-    """Passes each chunk on and stages the index rows (``INDEX_SCHEMA``) of its documents: the
-    ones left once every filter, split and mix has run."""
+    """Passes each chunk on and stages the index rows (``INDEX_SCHEMA``) of its documents or
+    conversations (its ``origins``): the ones left once every filter, split and mix has run."""
 
-    step_name = DEDUP_INDEX
-
-    def __init__(self, files: Sequence[str], keys_dir: str):
+    def __init__(self, branch: str, files: Sequence[str], keys_dir: str):
+        self.branch = branch
+        self.step_name = f"{DEDUP_INDEX}.{branch}"  # both branches may stage a chunk's rows
         self.files = tuple(files)
         self.keys_dir = keys_dir
 
     def setup(self) -> None:
         self.file_numbers = {path: number for number, path in enumerate(self.files)}
 
-    def run(self, chunk: RecordChunk) -> Iterator:
+    def run(self, chunk: Any) -> Iterator:
         path = keys_path(self.keys_dir, base_chunk_id(chunk.chunk_id))
         keyed = read_arrow(path).to_pylist() if FileSystems.exists(path) else []
         by_key = {(row["input"], row["file"], row["position"]): row for row in keyed}
-        rows = [(record, by_key.get(record_key(record, self.file_numbers)))
-                for record in chunk.records]
-        found = [(record, row) for record, row in rows if row is not None]
+        found = [(origin, row) for origin in chunk.origins
+                 if (row := by_key.get((origin[2], self.file_numbers.get(origin[0]), origin[1])))]
         if found:
             table = pa.table({
-                "id": [document_id(record.source, record.position) for record, _ in found],
+                "branch": [self.branch] * len(found),
+                "id": [document_id(source, position) for (source, position, _), _ in found],
                 "digest": [row["digest"] for _, row in found],
                 "bands": [row["bands"] for _, row in found],
                 "signature": [row["signature"] for _, row in found],
             }, schema=INDEX_SCHEMA)
-            self.count("knowledge.dedup_index_rows", table.num_rows)
+            self.count(f"{self.branch}.dedup_index_rows", table.num_rows)
             yield beam.pvalue.TaggedOutput(PARTS, Part(DEDUP_INDEX, chunk.chunk_id,
                                                        self.step_name, table))
         yield chunk
@@ -153,26 +154,31 @@ def earlier_keys(table: pa.Table, run: int) -> tuple[DocumentKeys, ...]:
 
 
 class ReadEarlierIndexes(beam.PTransform):
-    """The earlier runs' index rows as batches of ``DocumentKeys``, a batch per row group."""
+    """The earlier runs' index rows of one branch as batches of ``DocumentKeys``, a batch per
+    row group."""
 
-    def __init__(self, paths: Sequence[str]):
+    def __init__(self, paths: Sequence[str], branch: str):
         super().__init__()
         self.paths = tuple(sorted(paths))
+        self.branch = branch
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         files = [(run, file) for run, path in enumerate(self.paths) for file in index_files(path)]
         return (pbegin
                 | "IndexFiles" >> beam.Create(files)
                 | "Reshuffle" >> beam.Reshuffle()
-                | "ReadRowGroups" >> beam.FlatMap(_row_group_keys))
+                | "ReadRowGroups" >> beam.FlatMap(_row_group_keys, self.branch))
 
 
-def _row_group_keys(item: tuple[int, str]) -> Iterator[tuple[DocumentKeys, ...]]:
+def _row_group_keys(item: tuple[int, str], branch: str) -> Iterator[tuple[DocumentKeys, ...]]:
     run, path = item
     with FileSystems.open(path) as handle:
         parquet = pq.ParquetFile(pa.BufferReader(handle.read()))
         for group in range(parquet.num_row_groups):
-            yield earlier_keys(parquet.read_row_group(group), run)
+            table = parquet.read_row_group(group)
+            mine = table.filter(pc.equal(table["branch"], branch))
+            if mine.num_rows:
+                yield earlier_keys(mine, run)
 
 
 def this_runs_decisions(decision: Decision) -> Iterator[Decision]:
