@@ -23,6 +23,7 @@ per machine first.
 
 from __future__ import annotations
 
+import functools
 import resource
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -163,14 +164,23 @@ class ChunkScorer(ModelHandler[Any, np.ndarray, Any]):
         return f"quality_model_{self.spec.name}"
 
 
+@functools.cache
+def loaded(kind: str, path: str, label: str | None) -> FastTextScores | HfScores:
+    """A model, loaded once per process: both branches' ``RunInference`` steps (each holds its
+    own handle) then share one copy instead of loading it twice."""
+    if kind == "fasttext":
+        return FastTextScores(_local(path, directory=False), label or "")
+    return HfScores(_local(path, directory=True), label)
+
+
 class FastTextScorer(ChunkScorer):
     def load_model(self) -> FastTextScores:
-        return FastTextScores(_local(self.spec.path, directory=False), self.spec.label or "")
+        return loaded("fasttext", self.spec.path, self.spec.label)
 
 
 class HfScorer(ChunkScorer):
     def load_model(self) -> HfScores:
-        return HfScores(_local(self.spec.path, directory=True), self.spec.label)
+        return loaded("hf", self.spec.path, self.spec.label)
 
 
 HANDLERS: dict[str, type[ChunkScorer]] = {"fasttext": FastTextScorer, "hf": HfScorer}
