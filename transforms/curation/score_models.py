@@ -12,7 +12,8 @@ loaded model is a small object whose ``score(texts)`` does the work, so that wit
   gives the model's ``label``, with line breaks as spaces (the model reads one line; DCLM and
   datatrove do the same). fastText reads the whole text.
 - ``hf``: a directory holding an ``AutoModelForSequenceClassification`` and its tokenizer (needs
-  ``torch``, which the pipeline does not install for you). A text is read up to the tokenizer's
+  ``torch``, which the pipeline does not install for you), run on the worker's GPU when it has
+  one. A text is read up to the tokenizer's
   ``model_max_length`` (or the model's position limit, if smaller) and cut there, as FineWeb-Edu's
   classifier does (``truncation=True``, 512 tokens). The score is the regression head's value,
   or the softmax probability of ``label`` (class 1 of a two-class head by default).
@@ -86,8 +87,11 @@ class HfScores:
 
         torch.set_grad_enabled(False)
         self.torch = torch
+        # A GPU worker's (docs/deployment.md); the CPU everywhere else.
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        self.model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(
+            self.device)
         config = self.model.config
         self.max_length = min(self.tokenizer.model_max_length,
                               getattr(config, "max_position_embeddings", None) or 10**9)
@@ -100,12 +104,12 @@ class HfScores:
         for batch in length_batches([len(i) for i in ids]):
             features = self.tokenizer.pad({key: [values[i] for i in batch]
                                            for key, values in encoded.items()},
-                                          return_tensors="pt")
+                                          return_tensors="pt").to(self.device)
             with self.torch.inference_mode():
                 logits = self.model(**features).logits.float()
             values = (logits[:, 0] if self.column is None
                       else logits.softmax(-1)[:, self.column])
-            scores[batch] = values.numpy()
+            scores[batch] = values.cpu().numpy()
         return scores
 
 
