@@ -85,7 +85,6 @@ class HfScores:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        torch.set_grad_enabled(False)
         self.torch = torch
         # A GPU worker's (docs/deployment.md); the CPU everywhere else.
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
