@@ -26,8 +26,26 @@ Dataflow's shuffle service. The FnApiRunner keeps every shuffle's data in its ow
 grouped one hash partition at a time (``bench/spilled_shuffle.py``); ``--spill_dir ""`` leaves
 them in memory.
 
+With ``--index M`` the cell also deduplicates against an earlier run's index of M documents
+(``--dedup_against``, ``transforms/knowledge/dedup/index.py``), wired as
+``FindDuplicateDocuments`` wires it: the index's keys are made inside the pipeline a batch of
+1,024 at a time (``--index_batch``; an index file's row group at the default ``--row_group_rows``,
+which ``ReadEarlierIndexes`` reads as one batch), as index rows (``INDEX_SCHEMA``: a
+``document_id``, the text hash, band keys and signature of documents of their own) turned into
+``DocumentKeys`` by the real ``earlier_keys`` (nodes ``earlier_node``, input -1), flattened
+with this run's keys before ``FindDuplicates``, and its decisions go through the real
+``this_runs_decisions``. A fraction ``--index_dups`` of this run's N - 10^5 other documents are
+copies of index documents (alternately exact and near, as above), taken from this run's
+originals, so the within-run copies are the same number as without an index. The bucket count
+stays that of this run's documents, as ``key_buckets`` sizes it from this run's shards
+(``--buckets_with_index`` counts the index's documents too). The bench checks that every copy of
+an index document is decided ``duplicate_earlier_run``. ``--index 0`` (the default) builds the
+same pipeline as before.
+
     .venv/bin/python -m bench.bench_dedup_scale [--docs 1000000] [--dups 0.05 0.3 0.6]
-        [--giant 100000] [--workers 1] [--bundle_mb 64] [--default_malloc] [--spill_dir DIR]
+        [--giant 100000] [--index 0 1000000] [--index_dups 0.05] [--index_batch 1024]
+        [--buckets_with_index] [--workers 1] [--bundle_mb 64] [--default_malloc]
+        [--spill_dir DIR]
 
 Prints one JSON line per cell (for every step: its bundles, the largest, its peak, and each
 bundle's resident memory before it and at its peak) and a Markdown table at the end.
@@ -52,6 +70,7 @@ from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.metric import MetricsFilter
@@ -61,11 +80,15 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from bench.spilled_shuffle import spill_shuffles
 from transforms.core.steps import METRICS_NAMESPACE
+from transforms.core.vocabulary import DUPLICATE_EARLIER_RUN, KNOWLEDGE
 from transforms.knowledge.dedup.components import FindDuplicates
 from transforms.knowledge.dedup.config import MAX_ROUNDS, DedupConfig
+from transforms.knowledge.dedup.index import INDEX_SCHEMA, earlier_keys, this_runs_decisions
 from transforms.knowledge.dedup.minhash import DocumentKeys, band_keys
+from transforms.knowledge.document_records import document_id
 
 CHUNK = 4096
+INDEX_BATCH = 1024  # an index file's row group (--row_group_rows): ReadEarlierIndexes' batch
 GIANT = 100_000  # members of the giant cluster: a template and its copies
 DOCS_PER_BUCKET = 65_536  # 256 MiB of input at about 4 KB a document (SHARDS_PER_KEY_BUCKET)
 CONFIG = DedupConfig()
@@ -78,33 +101,66 @@ FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "1
 
 
 class Corpus:
-    """Which document copies which: position arithmetic, so every chunk is made on its own."""
+    """Which document copies which: position arithmetic, so every chunk is made on its own.
 
-    def __init__(self, docs: int, dups: float, giant: int = GIANT):
+    This run's documents are the giant cluster, then the originals, the copies of originals
+    and the copies of an earlier run's index documents (none without an index)."""
+
+    def __init__(self, docs: int, dups: float, giant: int = GIANT, index: int = 0,
+                 index_dups: float = 0.0):
         self.docs = docs
         self.giant = giant
+        self.index = index
         self.others = docs - giant
         self.copies = round(dups * self.others)
-        self.originals = self.others - self.copies
+        self.earlier_copies = round(index_dups * self.others) if index else 0
+        self.originals = self.others - self.copies - self.earlier_copies
 
     def template(self, position: int) -> tuple[int, bool] | None:
-        """(the position copied, exact) for a copy; None for an original."""
+        """(the position copied, exact) for a copy of a document of this run; None for an
+        original or a copy of an index document."""
         if position < self.giant:
             return (0, position % 2 == 0) if position else None
         index = position - self.giant
         if index < self.originals:
             return None
         k = index - self.originals
+        if k >= self.copies:
+            return None
         return self.giant + (k * 7919) % self.originals, k % 2 == 0
+
+    def earlier_template(self, position: int) -> tuple[int, bool] | None:
+        """(the index document's row copied, exact) for a copy of an index document; None for
+        every other document. The k-th copy takes row 7919 k modulo the index size: distinct
+        rows while there are fewer copies than rows and the size is no multiple of 7,919."""
+        k = position - self.giant - self.originals - self.copies
+        if k < 0:
+            return None
+        return (k * 7919) % self.index, k % 2 == 0
 
     @property
     def expected_drops(self) -> int:
-        return self.giant - 1 + self.copies
+        return self.giant - 1 + self.copies + self.earlier_copies
 
 
 def _signature(template: int) -> np.ndarray:
     return np.random.default_rng(template).integers(0, 2**32 - 1, CONFIG.num_perm,
                                                     dtype=np.uint32)
+
+
+def _index_signature(row: int) -> np.ndarray:
+    """An index document's signature: a seed of its own, so it shares nothing with this run's
+    originals (nor does its text hash, ``_content("index", row)``)."""
+    return np.random.default_rng([row, 2]).integers(0, 2**32 - 1, CONFIG.num_perm,
+                                                    dtype=np.uint32)
+
+
+def _near(signature: np.ndarray, position: int) -> np.ndarray:
+    """A near copy's signature: 1 to 8 of its template's values replaced (in place)."""
+    rng = np.random.default_rng([position, 1])
+    changed = rng.choice(CONFIG.num_perm, rng.integers(1, 9), replace=False)
+    signature[changed] = rng.integers(0, 2**32 - 1, len(changed), dtype=np.uint32)
+    return signature
 
 
 def _content(tag: str, number: int) -> bytes:
@@ -115,19 +171,39 @@ def make_chunk(chunk: int, corpus: Corpus) -> Iterator[tuple[DocumentKeys, ...]]
     docs = []
     for position in range(chunk * CHUNK, min((chunk + 1) * CHUNK, corpus.docs)):
         copied = corpus.template(position)
-        if copied is None:
+        earlier = corpus.earlier_template(position) if corpus.earlier_copies else None
+        if earlier is not None and earlier[1]:  # an exact copy of an index document
+            content, signature = _content("index", earlier[0]), _index_signature(earlier[0])
+        elif earlier is not None:
+            content = _content("near", position)
+            signature = _near(_index_signature(earlier[0]), position)
+        elif copied is None:
             content, signature = _content("doc", position), _signature(position)
         elif copied[1]:  # exact
             content, signature = _content("doc", copied[0]), _signature(copied[0])
         else:
-            rng = np.random.default_rng([position, 1])
-            signature = _signature(copied[0])
-            changed = rng.choice(CONFIG.num_perm, rng.integers(1, 9), replace=False)
-            signature[changed] = rng.integers(0, 2**32 - 1, len(changed), dtype=np.uint32)
+            signature = _near(_signature(copied[0]), position)
             content = _content("near", position)
         docs.append(DocumentKeys((0, 0, position, chunk, content),
                                  band_keys(signature, CONFIG.bands), signature.tobytes()))
     yield tuple(docs)
+
+
+def make_index_chunk(chunk: int, corpus: Corpus, batch: int = INDEX_BATCH
+                     ) -> Iterator[tuple[DocumentKeys, ...]]:
+    """One batch of the earlier run's index, as ``ReadEarlierIndexes`` makes one of a row group:
+    index rows (``INDEX_SCHEMA``) made ``DocumentKeys`` by ``earlier_keys`` (run 0)."""
+    rows = range(chunk * batch, min((chunk + 1) * batch, corpus.index))
+    signatures = [_index_signature(row) for row in rows]
+    columns = {
+        "branch": [KNOWLEDGE] * len(rows),  # (where the index has a branch column)
+        "id": [document_id("earlier-run", row) for row in rows],
+        "digest": [_content("index", row) for row in rows],
+        "bands": [list(band_keys(signature, CONFIG.bands)) for signature in signatures],
+        "signature": [signature.tobytes() for signature in signatures],
+    }
+    yield earlier_keys(pa.table({name: columns[name] for name in INDEX_SCHEMA.names},
+                                schema=INDEX_SCHEMA), 0)
 
 
 class _BoundedBundles(fn_runner.BundleManager):
@@ -282,6 +358,8 @@ def _descendants(root: int) -> list[int]:
 
 def _count(decision) -> None:
     beam.metrics.Metrics.counter("bench", "decisions").inc()
+    if decision[1] == DUPLICATE_EARLIER_RUN:
+        beam.metrics.Metrics.counter("bench", "earlier_run").inc()
 
 
 def _quiet_stopped_workers(args) -> None:
@@ -290,9 +368,13 @@ def _quiet_stopped_workers(args) -> None:
 
 
 def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float,
-             spill_dir: str = "") -> dict:
-    corpus = Corpus(docs, dups, giant)
-    buckets = max(1, -(-docs // DOCS_PER_BUCKET))
+             spill_dir: str = "", index: int = 0, index_dups: float = 0.0,
+             index_batch: int = INDEX_BATCH, buckets_with_index: bool = False) -> dict:
+    corpus = Corpus(docs, dups, giant, index, index_dups)
+    if corpus.earlier_copies > index:
+        raise ValueError(f"{corpus.earlier_copies:,} copies of an index of {index:,} documents:"
+                         " give a larger --index or a smaller --index_dups")
+    buckets = max(1, -(-(docs + (index if buckets_with_index else 0)) // DOCS_PER_BUCKET))
     threading.excepthook = _quiet_stopped_workers
     _BoundedBundles.limit = int(bundle_mb * 2**20) if bundle_mb else sys.maxsize
     fn_runner.FnApiRunner._get_bundle_manager = lambda runner, context: _BoundedBundles(
@@ -303,11 +385,24 @@ def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float,
                                f"--direct_num_workers={workers}"])
     started = time.perf_counter()
     pipeline = beam.Pipeline(runner="DirectRunner", options=options)
-    _ = (pipeline
-         | beam.Create(range(-(-docs // CHUNK)))
-         | beam.FlatMap(make_chunk, corpus)
-         | FindDuplicates(CONFIG.threshold, buckets)
-         | beam.Map(_count))
+    if not index:
+        _ = (pipeline
+             | beam.Create(range(-(-docs // CHUNK)))
+             | beam.FlatMap(make_chunk, corpus)
+             | FindDuplicates(CONFIG.threshold, buckets)
+             | beam.Map(_count))
+    else:  # as FindDuplicateDocuments joins earlier runs' indexes
+        keys = (pipeline
+                | "Chunks" >> beam.Create(range(-(-docs // CHUNK)))
+                | "MakeChunk" >> beam.FlatMap(make_chunk, corpus))
+        earlier = (pipeline
+                   | "IndexBatches" >> beam.Create(range(-(-index // index_batch)))
+                   | "MakeIndexBatch" >> beam.FlatMap(make_index_chunk, corpus, index_batch))
+        _ = ((keys, earlier)
+             | "WithEarlierRuns" >> beam.Flatten()
+             | "FindDuplicates" >> FindDuplicates(CONFIG.threshold, buckets)
+             | "ThisRunsDecisions" >> beam.FlatMap(this_runs_decisions)
+             | "Count" >> beam.Map(_count))
     with spill_shuffles(spill_dir) if spill_dir else contextlib.nullcontext():
         result = pipeline.run()
         result.wait_until_finish()
@@ -324,8 +419,12 @@ def run_cell(docs: int, dups: float, giant: int, workers: int, bundle_mb: float,
     return {
         "docs": docs, "dup_fraction": dups, "giant": giant, "workers": workers,
         "bundle_mb": bundle_mb,
+        "index": index, "index_dups": index_dups if index else 0, "index_batch": index_batch,
+        "buckets": buckets,
         "duplicates": corpus.expected_drops,
         "decided": counters.get("decisions", 0),
+        "earlier_copies": corpus.earlier_copies,
+        "decided_earlier_run": counters.get("earlier_run", 0),
         "rounds_with_changes": sum(1 for n in changed if n),
         "changed_per_round": changed,
         "largest_step": largest,
@@ -343,6 +442,16 @@ def main() -> None:
     parser.add_argument("--docs", type=int, nargs="+", default=[1_000_000])
     parser.add_argument("--dups", type=float, nargs="+", default=[0.05, 0.3, 0.6])
     parser.add_argument("--giant", type=int, default=GIANT, help="members of the giant cluster")
+    parser.add_argument("--index", type=int, nargs="+", default=[0],
+                        help="documents in an earlier run's index to deduplicate against")
+    parser.add_argument("--index_dups", type=float, default=0.05,
+                        help="share of this run's documents outside the giant cluster that"
+                        " copy index documents (with an index)")
+    parser.add_argument("--index_batch", type=int, default=INDEX_BATCH,
+                        help="index documents per batch (an index file's row group)")
+    parser.add_argument("--buckets_with_index", action="store_true",
+                        help="one bucket per 65,536 documents of this run and the index, not"
+                        " of this run alone (what key_buckets counts)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
     parser.add_argument("--bundle_mb", type=float, default=64,
                         help="largest bundle (encoded input) a worker gets; 0: a whole stage")
@@ -355,31 +464,43 @@ def main() -> None:
     args = parser.parse_args()
     if args.cell:
         print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers,
-                                  args.bundle_mb, args.spill_dir)), flush=True)
+                                  args.bundle_mb, args.spill_dir, args.index[0],
+                                  args.index_dups, args.index_batch,
+                                  args.buckets_with_index)), flush=True)
         return
     rows = []
     for docs in args.docs:
         for dups in args.dups:
-            out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
-                                  "--docs", str(docs), "--dups", str(dups),
-                                  "--giant", str(args.giant), "--workers", str(args.workers),
-                                  "--bundle_mb", str(args.bundle_mb),
-                                  "--spill_dir", args.spill_dir],
-                                 capture_output=True, text=True, check=True,
-                                 env=os.environ if args.default_malloc else {
-                                     **os.environ, **FIXED_MALLOC}).stdout
-            row = json.loads(out.strip().splitlines()[-1])
-            row["malloc"] = "default" if args.default_malloc else "fixed thresholds"
-            if row["decided"] != row["duplicates"]:
-                raise SystemExit(f"wrong decisions: {row}")
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    print("| documents | F | duplicates | largest step | its peak (MB) | its rise (MB) | bundles"
+            for index in args.index:
+                with_index = ["--index", str(index), "--index_dups", str(args.index_dups),
+                              "--index_batch", str(args.index_batch),
+                              *(["--buckets_with_index"] if args.buckets_with_index else [])
+                              ] if index else []
+                out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
+                                      "--docs", str(docs), "--dups", str(dups),
+                                      "--giant", str(args.giant), *with_index,
+                                      "--workers", str(args.workers),
+                                      "--bundle_mb", str(args.bundle_mb),
+                                      "--spill_dir", args.spill_dir],
+                                     capture_output=True, text=True, check=True,
+                                     env=os.environ if args.default_malloc else {
+                                         **os.environ, **FIXED_MALLOC}).stdout
+                row = json.loads(out.strip().splitlines()[-1])
+                row["malloc"] = "default" if args.default_malloc else "fixed thresholds"
+                if (row["decided"] != row["duplicates"]
+                        or row["decided_earlier_run"] != row["earlier_copies"]):
+                    raise SystemExit(f"wrong decisions: {row}")
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    print("| documents | F | index | duplicates | of them, copies of the index (decided) "
+          "| buckets | largest step | its peak (MB) | its rise (MB) | bundles"
           " | runner peak (MB) | rounds with changes | wall (s) |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['docs']:,} | {row['dup_fraction']:.0%} | {row['duplicates']:,} "
-              f"({row['duplicates'] / row['docs']:.0%}) | {row['largest_step'].split(' + ')[0]} "
+        print(f"| {row['docs']:,} | {row['dup_fraction']:.0%} | {row['index']:,} "
+              f"| {row['duplicates']:,} ({row['duplicates'] / row['docs']:.0%}) "
+              f"| {row['earlier_copies']:,} ({row['decided_earlier_run']:,}) "
+              f"| {row['buckets']} | {row['largest_step'].split(' + ')[0]} "
               f"| {row['largest_step_peak_mb']:,} | {row['largest_step_rise_mb']:,} | "
               f"{row['largest_step_bundles']} | {row['runner_peak_mb']:,} | "
               f"{row['rounds_with_changes']} (+1) | {row['wall_s']:,} |")

@@ -50,6 +50,7 @@ from transforms.knowledge.dedup.first_pass import SecondRead, key_buckets
 from transforms.knowledge.dedup.index import (
     IndexDocuments,
     ReadEarlierIndexes,
+    index_rows,
     keys_path,
     this_runs_decisions,
     write_chunk_keys,
@@ -182,7 +183,8 @@ class FindDuplicateConversations(beam.PTransform):
                                                                            INSTRUCTION)
             keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
         drops = keys | "FindDuplicates" >> FindDuplicates(
-            self.dedup.threshold, key_buckets(len(self.shards)), self.dedup.rounds)
+            self.dedup.threshold, key_buckets(len(self.shards), index_rows(self.against)),
+            self.dedup.rounds)
         if self.against:
             drops = drops | "ThisRunsDecisions" >> beam.FlatMap(this_runs_decisions)
         return {DROPS: drops} | "WriteDecisions" >> WriteDecisions(self.decisions)

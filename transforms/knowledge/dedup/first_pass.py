@@ -21,6 +21,7 @@ from transforms.knowledge.dedup.decisions import DECISIONS, DROPS, UNITS, WriteD
 from transforms.knowledge.dedup.index import (
     KEYS,
     ReadEarlierIndexes,
+    index_rows,
     keys_path,
     this_runs_decisions,
     write_chunk_keys,
@@ -42,6 +43,7 @@ from transforms.knowledge.token_cache import cache_path, write_chunk
 
 TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
 SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
+INDEX_ROWS_PER_KEY_BUCKET = 65_536  # as many documents as 256 MiB of input at about 4 KB each
 
 
 class KeyDocuments(BackgroundWriter):
@@ -127,9 +129,14 @@ class KeyDocuments(BackgroundWriter):
         write_chunk(path, digests, reasons, encoded)
 
 
-def key_buckets(shards: int) -> int:
-    """How many buckets deduplication's keys are grouped in (``FindDuplicates``)."""
-    return max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
+def key_buckets(shards: int, earlier_rows: int = 0) -> int:
+    """How many buckets deduplication's keys are grouped in (``FindDuplicates``): one per
+    ``SHARDS_PER_KEY_BUCKET`` input shards, and one more per ``INDEX_ROWS_PER_KEY_BUCKET`` rows of
+    earlier runs' indexes (``--dedup_against``), whose keys join the same buckets: sized by the
+    run alone, a bucket's memory grew with the index (BENCHMARKS.md, deduplication across
+    runs)."""
+    return (max(1, -(-shards // SHARDS_PER_KEY_BUCKET))
+            + -(-earlier_rows // INDEX_ROWS_PER_KEY_BUCKET))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +193,7 @@ class FindDuplicateDocuments(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         files = file_numbering(shard.source for shard in self.shards)
         config = self.config
-        buckets = key_buckets(len(self.shards))
+        buckets = key_buckets(len(self.shards), index_rows(config.dedup_against))
         keyed = (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)

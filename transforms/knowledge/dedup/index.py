@@ -118,6 +118,17 @@ def index_files(path: str) -> list[str]:
                   .metadata_list)
 
 
+def index_rows(paths: Sequence[str]) -> int:
+    """The rows of the earlier indexes, from their files' footers (read when the graph is
+    built): what sizes the key buckets they join."""
+    rows = 0
+    for path in paths:
+        for file in index_files(path):
+            with FileSystems.open(file) as handle:
+                rows += pq.ParquetFile(handle).metadata.num_rows
+    return rows
+
+
 def check_earlier_index(path: str, dedup: DedupConfig) -> None:
     """ValueError unless ``path`` is the ``dedup_index`` of a complete run whose keys this run
     can compare with its own (the same shingles, MinHash values and bands)."""
