@@ -37,14 +37,15 @@ with this run's keys before ``FindDuplicates``, and its decisions go through the
 ``this_runs_decisions``. A fraction ``--index_dups`` of this run's N - 10^5 other documents are
 copies of index documents (alternately exact and near, as above), taken from this run's
 originals, so the within-run copies are the same number as without an index. The bucket count
-stays that of this run's documents, as ``key_buckets`` sizes it from this run's shards
-(``--buckets_with_index`` counts the index's documents too). The bench checks that every copy of
+counts this run's documents and the index's, one per 65,536, as ``key_buckets`` does
+(``--buckets_run_only`` counts this run's alone, as it did before: the peak then grows with the
+index). The bench checks that every copy of
 an index document is decided ``duplicate_earlier_run``. ``--index 0`` (the default) builds the
 same pipeline as before.
 
     .venv/bin/python -m bench.bench_dedup_scale [--docs 1000000] [--dups 0.05 0.3 0.6]
         [--giant 100000] [--index 0 1000000] [--index_dups 0.05] [--index_batch 1024]
-        [--buckets_with_index] [--workers 1] [--bundle_mb 64] [--default_malloc]
+        [--buckets_run_only] [--workers 1] [--bundle_mb 64] [--default_malloc]
         [--spill_dir DIR]
 
 Prints one JSON line per cell (for every step: its bundles, the largest, its peak, and each
@@ -449,9 +450,9 @@ def main() -> None:
                         " copy index documents (with an index)")
     parser.add_argument("--index_batch", type=int, default=INDEX_BATCH,
                         help="index documents per batch (an index file's row group)")
-    parser.add_argument("--buckets_with_index", action="store_true",
-                        help="one bucket per 65,536 documents of this run and the index, not"
-                        " of this run alone (what key_buckets counts)")
+    parser.add_argument("--buckets_run_only", action="store_true",
+                        help="one bucket per 65,536 documents of this run alone, not of this run"
+                        " and the index (what key_buckets counts)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
     parser.add_argument("--bundle_mb", type=float, default=64,
                         help="largest bundle (encoded input) a worker gets; 0: a whole stage")
@@ -466,7 +467,7 @@ def main() -> None:
         print(json.dumps(run_cell(args.docs[0], args.dups[0], args.giant, args.workers,
                                   args.bundle_mb, args.spill_dir, args.index[0],
                                   args.index_dups, args.index_batch,
-                                  args.buckets_with_index)), flush=True)
+                                  not args.buckets_run_only)), flush=True)
         return
     rows = []
     for docs in args.docs:
@@ -474,7 +475,7 @@ def main() -> None:
             for index in args.index:
                 with_index = ["--index", str(index), "--index_dups", str(args.index_dups),
                               "--index_batch", str(args.index_batch),
-                              *(["--buckets_with_index"] if args.buckets_with_index else [])
+                              *(["--buckets_run_only"] if args.buckets_run_only else [])
                               ] if index else []
                 out = subprocess.run([sys.executable, "-m", "bench.bench_dedup_scale", "--cell",
                                       "--docs", str(docs), "--dups", str(dups),
