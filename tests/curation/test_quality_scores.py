@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
+from tests.support.jsonl_files import filtered_rows
 from tests.support.score_models import (
     fasttext_reference,
     hf_reference,
@@ -93,9 +94,7 @@ def test_the_filter_drops_exactly_the_records_under_the_threshold(scored_runs):
     manifest = _manifest(output)
     kept = _read(output, "documents")
     assert all(d["scores"]["ft"] >= MINIMUM for d in kept)
-    filtered = (output / "filtered").glob("*.jsonl")
-    dropped = [row for path in filtered for line in path.read_text().splitlines()
-               if (row := json.loads(line))["reason"] == LOW_QUALITY_SCORE]
+    dropped = [row for row in filtered_rows(output) if row["reason"] == LOW_QUALITY_SCORE]
     scores = [float(r["message"].split()[1]) for r in dropped]
     assert dropped and all(score < MINIMUM for score in scores)
     assert all(f"ft={MINIMUM:g}" in r["message"] for r in dropped)

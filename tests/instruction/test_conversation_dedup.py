@@ -4,13 +4,13 @@ inputs are dropped with their reasons, the first by input order surviving; an ea
 index wins over this run; decontamination is counted beside it."""
 
 import json
-from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
+from tests.support.jsonl_files import filtered_rows, line_offsets, write_jsonl
 from transforms.core.vocabulary import (
     CONTAMINATED,
     DUPLICATE_EARLIER_RUN,
@@ -36,30 +36,15 @@ def _second_input() -> list[dict]:
     return [FIRST[i] for i in EXACT] + spaced + near + NEW
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
-
-def _filtered(output: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted((output / "filtered").glob("*.jsonl"))
-            for line in path.read_text().splitlines()]
-
-
-def _offsets(path: Path) -> list[int]:
-    offsets, at = [], 0
-    for line in path.read_bytes().splitlines(keepends=True):
-        offsets.append(at)
-        at += len(line)
-    return offsets
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("conversations")
-    first = _write(base / "first.jsonl", FIRST)
-    second = _write(base / "second.jsonl", _second_input())
-    evals = _write(base / "eval.jsonl", [{"question": NEW[0]["question"]}])
+    first = write_jsonl(base / "first.jsonl", FIRST)
+    second = write_jsonl(base / "second.jsonl", _second_input())
+    evals = write_jsonl(base / "eval.jsonl", [{"question": NEW[0]["question"]}])
     both = [f"--input={first}{MAPPING}", f"--input={second}{MAPPING}", "--write_filtered=true"]
     run([*both, f"--output={base / 'near'}", "--instruction_dedup=near",
          f"--decontaminate={evals}#text=question", "--write_examples=true"])
@@ -74,8 +59,8 @@ def runs(tmp_path_factory):
 
 def test_copies_are_dropped_with_their_reasons_and_the_first_survives(runs):
     output = runs["base"] / "near"
-    first, second = _offsets(runs["first"]), _offsets(runs["second"])
-    found = {row["position"]: row for row in _filtered(output)
+    first, second = line_offsets(runs["first"]), line_offsets(runs["second"])
+    found = {row["position"]: row for row in filtered_rows(output)
              if str(runs["second"]) == row["source"]}
     exact = {second[n] for n in range(len(EXACT) + len(SPACED))}
     near = {second[len(EXACT) + len(SPACED) + n] for n in range(len(NEAR))}
@@ -110,11 +95,13 @@ def test_an_earlier_runs_conversations_win(runs):
     index = ds.dataset(day1 / "dedup_index", format="parquet").to_table().to_pylist()
     assert {row["branch"] for row in index} == {"instruction"}
     assert len(index) == len(FIRST)
-    assert json.loads((day1 / "manifest.json").read_text())["knowledge"]["dedup_index"][
-        "instruction_rows"] == len(FIRST)
-    dropped = _filtered(runs["base"] / "day2")
+    assert json.loads((day1 / "manifest.json").read_text())["dedup_index"]["rows"] == {
+        "knowledge": 0, "instruction": len(FIRST)}
+    dropped = filtered_rows(runs["base"] / "day2")
     assert {row["reason"] for row in dropped} == {DUPLICATE_EARLIER_RUN}
     assert len(dropped) == len(EXACT) + len(SPACED) + len(NEAR)
+    manifest = json.loads((runs["base"] / "day2" / "manifest.json").read_text())
+    assert manifest["dedup_index"]["earlier_run_copies"]["instruction"] == len(dropped)
     assert all("of the earlier run indexed at" in row["message"] for row in dropped)
 
 

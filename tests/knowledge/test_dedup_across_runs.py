@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
 from tests.conftest import EXAMPLES
+from tests.support.jsonl_files import filtered_rows, line_offsets, write_jsonl
 from transforms.core.vocabulary import DUPLICATE_EARLIER_RUN, DUPLICATE_EXACT
 from transforms.knowledge.document_records import document_id
 
@@ -28,31 +29,19 @@ def _near(text: str) -> str:
     return " ".join(words)
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def _lines(path: Path) -> list[int]:
-    """Each line's byte offset: a record's position."""
-    offsets, at = [], 0
-    for line in path.read_bytes().splitlines(keepends=True):
-        offsets.append(at)
-        at += len(line)
-    return offsets
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("across")
-    a, b = _write(base / "a.jsonl", DAY1_A), _write(base / "b.jsonl", DAY1_B)
+    a, b = write_jsonl(base / "a.jsonl", DAY1_A), write_jsonl(base / "b.jsonl", DAY1_B)
     for name, path in (("a", a), ("b", b)):
         run([f"--input={path}", f"--output={base / name}", "--write_dedup_index=true",
              "--write_documents=true"])
     day2 = ([DAY1_A[i] for i in EXACT_A] + [{**DAY1_A[i], "text": _near(DAY1_A[i]["text"])}
                                              for i in NEAR_A]
             + [DAY1_B[i] for i in EXACT_B] + NEW + [NEW[0]])  # NEW[0] twice within the day
-    inputs = _write(base / "day2.jsonl", day2)
+    inputs = write_jsonl(base / "day2.jsonl", day2)
     index_a, index_b = base / "a" / "dedup_index", base / "b" / "dedup_index"
     common = [f"--input={inputs}", "--write_filtered=true", "--write_dedup_index=true"]
     run([*common, f"--output={base / 'ab'}", f"--dedup_against={index_a},{index_b}"])
@@ -61,10 +50,6 @@ def runs(tmp_path_factory):
     return {"base": base, "a": a, "b": b, "day2": inputs, "index_a": index_a,
             "index_b": index_b}
 
-
-def _filtered(output: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted((output / "filtered").glob("*.jsonl"))
-            for line in path.read_text().splitlines()]
 
 
 def _table(output: Path, kind: str) -> list[dict]:
@@ -78,7 +63,7 @@ def test_the_index_holds_exactly_the_documents_a_run_published(runs):
         documents = _table(output, "documents")
         assert [row["id"] for row in index] == [row["id"] for row in documents]
         manifest = json.loads((output / "manifest.json").read_text())
-        assert manifest["knowledge"]["dedup_index"]["rows"] == len(index) \
+        assert manifest["dedup_index"]["rows"]["knowledge"] == len(index) \
             == manifest["knowledge"]["documents"]
         assert all(len(row["bands"]) == 16 and len(row["signature"]) == 512 for row in index)
         assert {"text", "input_ids"}.isdisjoint(index[0])  # keys only
@@ -88,8 +73,8 @@ def test_day_two_filters_exactly_the_repeats_of_what_day_one_published(runs):
     output = runs["base"] / "ab"
     published = {name: {row["id"] for row in _table(runs["base"] / name, "documents")}
                  for name in ("a", "b")}
-    offsets = {name: _lines(runs[name]) for name in ("a", "b")}
-    day2 = _lines(runs["day2"])
+    offsets = {name: line_offsets(runs[name]) for name in ("a", "b")}
+    day2 = line_offsets(runs["day2"])
     # Day 2's lines, in order: the exact and near repeats of a, the exact repeats of b, new.
     origins = ([("a", i) for i in EXACT_A] + [("a", i) for i in NEAR_A]
                + [("b", i) for i in EXACT_B])
@@ -99,7 +84,7 @@ def test_day_two_filters_exactly_the_repeats_of_what_day_one_published(runs):
         if earlier_id in published[name]:
             expected[day2[line]] = (earlier_id, runs[f"index_{name}"])
     assert len(expected) >= 15  # day 1 kept most of the repeated pages
-    found = {row["position"]: row["message"] for row in _filtered(output)
+    found = {row["position"]: row["message"] for row in filtered_rows(output)
              if row["reason"] == DUPLICATE_EARLIER_RUN}
     assert set(found) == set(expected)
     for position, (earlier_id, index) in expected.items():
@@ -108,10 +93,11 @@ def test_day_two_filters_exactly_the_repeats_of_what_day_one_published(runs):
     # New pages are judged by the usual rules only: the one given twice is an in-run copy.
     new_positions = set(day2[len(origins):])
     assert not new_positions & set(found)
-    exact = [row for row in _filtered(output) if row["reason"] == DUPLICATE_EXACT]
+    exact = [row for row in filtered_rows(output) if row["reason"] == DUPLICATE_EXACT]
     assert [row["position"] for row in exact] == [day2[-1]]
     manifest = json.loads((output / "manifest.json").read_text())
-    assert manifest["knowledge"]["dedup_index"]["duplicates_of_earlier_runs"] == len(expected)
+    assert manifest["dedup_index"]["earlier_run_copies"] == {"knowledge": len(expected),
+                                                             "instruction": 0}
     assert manifest["records"]["balanced"]
 
 
@@ -119,8 +105,8 @@ def test_rows_do_not_depend_on_the_runner_or_the_order_of_the_indexes(runs):
     first, second = (runs["base"] / name for name in ("ab", "ba"))
     for kind in ("pretrain", "dedup_index"):
         assert _table(first, kind) == _table(second, kind), kind
-    assert [(r["position"], r["reason"], r["message"]) for r in _filtered(first)] == [
-        (r["position"], r["reason"], r["message"]) for r in _filtered(second)]
+    assert [(r["position"], r["reason"], r["message"]) for r in filtered_rows(first)] == [
+        (r["position"], r["reason"], r["message"]) for r in filtered_rows(second)]
 
 
 def _config(*argv):

@@ -23,13 +23,14 @@ from typing import Any
 import apache_beam as beam
 
 from transforms.core.chunks import Chunk
-from transforms.core.records import LABEL, Record, Rejection
+from transforms.core.records import LABEL, Record, Rejection, strings_in
 from transforms.core.steps import ChunkStep
 from transforms.core.vocabulary import BRANCHES, FILTERED, LOW_QUALITY_SCORE
 
 KINDS = ("fasttext", "hf")
 MODEL_SETTINGS = ("label", "branch", "share")
-INSTRUCTION_TEXTS = ("conversation", "assistant")  # or field:NAME
+INSTRUCTION_TEXTS = ("conversation", "assistant")  # or FIELD + a field's name
+FIELD = "field:"
 BIN_WIDTH = 0.05  # the manifest's histogram of each model's scores
 _MICRO = 1_000_000  # scores are summed as integer millionths: counters are integers
 
@@ -142,7 +143,8 @@ def check_config(config: ScoreConfig) -> None:
         raise ValueError(f"--min_quality_score names no --quality_model: {', '.join(unknown)} "
                          f"(models: {', '.join(sorted(names)) or 'none'})")
     text = config.instruction_text
-    if text not in INSTRUCTION_TEXTS and not (text.startswith("field:") and text[6:].strip()):
+    field = text.startswith(FIELD) and text.removeprefix(FIELD).strip()
+    if text not in INSTRUCTION_TEXTS and not field:
         raise ValueError(f"--quality_text {text!r}: expected {', '.join(INSTRUCTION_TEXTS)} or "
                          "field:NAME")
 
@@ -150,11 +152,7 @@ def check_config(config: ScoreConfig) -> None:
 # --------------------------------------------------------------------------- what is scored
 
 
-def document_text(record: Record) -> str:
-    return record.value
-
-
-def conversation_text(messages: Sequence[dict], roles: tuple[str, ...]) -> str:
+def message_text(messages: Sequence[dict], roles: tuple[str, ...]) -> str:
     """The text contents of the messages of ``roles``, in order, one per line."""
     return "\n".join(m["content"] for m in messages
                      if m.get("role") in roles and isinstance(m.get("content"), str))
@@ -162,8 +160,6 @@ def conversation_text(messages: Sequence[dict], roles: tuple[str, ...]) -> str:
 
 def field_text(value: Any) -> str:
     """A record field as text: a string as it is, anything else as its strings joined."""
-    from transforms.core.records import strings_in
-
     return value if isinstance(value, str) else "\n".join(strings_in(value))
 
 
@@ -175,18 +171,19 @@ class InstructionText:
     choice: str = "conversation"
 
     def __call__(self, record: Record, conversation: Any) -> str:
-        if self.choice.startswith("field:"):
-            value = record.value.get(self.choice[6:]) if isinstance(record.value, dict) else None
+        if self.choice.startswith(FIELD):
+            name = self.choice.removeprefix(FIELD)
+            value = record.value.get(name) if isinstance(record.value, dict) else None
             return "" if value is None else field_text(value)
         roles = ("assistant",) if self.choice == "assistant" else ("user", "assistant")
-        return conversation_text(conversation.messages, roles)
+        return message_text(conversation.messages, roles)
 
 
 def chunk_texts(chunk: Any, text: Callable[..., str] | None) -> list[str]:
     """The texts a chunk's records are scored on: documents as they are, conversations by
     ``text``."""
     if text is None:
-        return [document_text(record) for record in chunk.records]
+        return [record.value for record in chunk.records]
     return [text(record, conversation)
             for record, conversation in zip(chunk.records, chunk.conversations, strict=True)]
 

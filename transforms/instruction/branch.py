@@ -349,7 +349,8 @@ class InstructionBranch(beam.PTransform):
                  dedup: ConversationDedup | None = None):
         super().__init__()
         self.second_read = second_read  # for deduplication's pass one
-        self.dedup = dedup if second_read is not None and dedup is not None else None
+        self.dedup = (dedup if second_read is not None and dedup is not None
+                      and dedup.config.active else None)
         self.config = config
         self.curation = curation or BranchCuration()
         self.schemas = config.load_schemas()
@@ -369,7 +370,7 @@ class InstructionBranch(beam.PTransform):
         steps.then("Adapt", AdaptConversations(self.limits))
         if curation.pii.active:
             steps.then("RedactPersonalData", RedactConversations(curation.pii))
-        dedup = self.dedup if self.dedup is not None and self.dedup.config.active else None
+        dedup = self.dedup
         if dedup is not None:
             drop_duplicates(steps, self.second_read, self.config, curation.pii, dedup)
         if curation.decontam is not None:

@@ -38,7 +38,6 @@ from transforms.instruction.options import InstructionConfig
 from transforms.instruction.schema import check_conversation
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
-from transforms.knowledge.dedup.components import FindDuplicates
 from transforms.knowledge.dedup.config import DedupConfig
 from transforms.knowledge.dedup.decisions import (
     DROPS,
@@ -46,13 +45,10 @@ from transforms.knowledge.dedup.decisions import (
     WriteDecisions,
     decisions_path,
 )
-from transforms.knowledge.dedup.first_pass import SecondRead, key_buckets
+from transforms.knowledge.dedup.first_pass import FindCopies, SecondRead
 from transforms.knowledge.dedup.index import (
     IndexDocuments,
-    ReadEarlierIndexes,
-    index_rows,
     keys_path,
-    this_runs_decisions,
     write_chunk_keys,
 )
 from transforms.knowledge.dedup.minhash import (
@@ -178,15 +174,8 @@ class FindDuplicateConversations(beam.PTransform):
                                              self.max_record_bytes)
                 | "KeyConversations" >> beam.ParDo(KeyConversations(
                     self.specs, self.config, self.pii, self.dedup, files, self.keys_dir)))
-        if self.against:
-            earlier = pbegin | "ReadEarlierIndexes" >> ReadEarlierIndexes(self.against,
-                                                                           INSTRUCTION)
-            keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
-        drops = keys | "FindDuplicates" >> FindDuplicates(
-            self.dedup.threshold, key_buckets(len(self.shards), index_rows(self.against)),
-            self.dedup.rounds)
-        if self.against:
-            drops = drops | "ThisRunsDecisions" >> beam.FlatMap(this_runs_decisions)
+        drops = keys | "FindCopies" >> FindCopies(self.dedup, len(self.shards), INSTRUCTION,
+                                                  self.against)
         return {DROPS: drops} | "WriteDecisions" >> WriteDecisions(self.decisions)
 
 

@@ -17,6 +17,7 @@ from transforms.curation.options import BranchCuration
 from transforms.io.read_inputs import ReadInputs
 from transforms.io.writers import BackgroundWriter
 from transforms.knowledge.dedup.components import FindDuplicates
+from transforms.knowledge.dedup.config import DedupConfig
 from transforms.knowledge.dedup.decisions import DECISIONS, DROPS, UNITS, WriteDecisions
 from transforms.knowledge.dedup.index import (
     KEYS,
@@ -139,6 +140,32 @@ def key_buckets(shards: int, earlier_rows: int = 0) -> int:
             + -(-earlier_rows // INDEX_ROWS_PER_KEY_BUCKET))
 
 
+class FindCopies(beam.PTransform):
+    """One branch's ``DocumentKeys`` batches in; a decision per copy among its documents to drop
+    out: within the run, and with ``against`` (earlier runs' indexes, their rows of ``branch``)
+    as copies of what an earlier run published (``transforms.knowledge.dedup.index``)."""
+
+    def __init__(self, dedup: DedupConfig, shards: int, branch: str,
+                 against: Sequence[str] = ()):
+        super().__init__()
+        self.dedup = dedup
+        self.shards = shards
+        self.branch = branch
+        self.against = tuple(against)
+
+    def expand(self, keys: beam.PCollection) -> beam.PCollection:
+        if self.against:
+            earlier = keys.pipeline | "ReadEarlierIndexes" >> ReadEarlierIndexes(self.against,
+                                                                                 self.branch)
+            keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
+        buckets = key_buckets(self.shards, index_rows(self.against))
+        drops = keys | "FindDuplicates" >> FindDuplicates(self.dedup.threshold, buckets,
+                                                          self.dedup.rounds)
+        if self.against:
+            drops = drops | "ThisRunsDecisions" >> beam.FlatMap(this_runs_decisions)
+        return drops
+
+
 @dataclasses.dataclass(frozen=True)
 class SecondRead:
     """What deduplication's first pass needs to read the inputs again, and the staging directory
@@ -193,7 +220,6 @@ class FindDuplicateDocuments(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         files = file_numbering(shard.source for shard in self.shards)
         config = self.config
-        buckets = key_buckets(len(self.shards), index_rows(config.dedup_against))
         keyed = (
             pbegin
             | "ReadInputs" >> ReadInputs(self.shards, self.chunk_records, self.max_record_bytes)
@@ -203,17 +229,9 @@ class FindDuplicateDocuments(beam.PTransform):
                                            ).with_outputs(UNITS, main=DROPS))
         decisions = {}
         if config.dedup.active:
-            keys = keyed[DROPS]
-            if config.dedup_against:
-                earlier = pbegin | "ReadEarlierIndexes" >> ReadEarlierIndexes(
-                    config.dedup_against, KNOWLEDGE)
-                keys = (keys, earlier) | "WithEarlierRuns" >> beam.Flatten()
-            decisions[DROPS] = keys | "FindDuplicates" >> FindDuplicates(
-                config.dedup.threshold, buckets, config.dedup.rounds)
-            if config.dedup_against:
-                decisions[DROPS] = decisions[DROPS] | "ThisRunsDecisions" >> beam.FlatMap(
-                    this_runs_decisions)
+            decisions[DROPS] = keyed[DROPS] | "FindCopies" >> FindCopies(
+                config.dedup, len(self.shards), KNOWLEDGE, config.dedup_against)
         if config.boilerplate is not None:
             decisions[UNITS] = keyed[UNITS] | "FindBoilerplate" >> FindBoilerplate(
-                config.boilerplate.min_documents, buckets)
+                config.boilerplate.min_documents, key_buckets(len(self.shards)))
         return decisions | "WriteDecisions" >> WriteDecisions(self.decisions)
