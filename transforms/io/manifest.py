@@ -253,15 +253,6 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
             # short are counted in dropped, as boilerplate_too_short)
             "boilerplate": {name: knowledge.get(f"boilerplate.{name}", 0) for name in (
                 "documents_changed", "paragraphs_removed", "lines_removed", "chars_removed")},
-            # --write_dedup_index: its rows (the documents published, validation included);
-            # --dedup_against: the earlier runs' indexes, and the copies of theirs filtered
-            "dedup_index": {
-                "rows": knowledge.get("dedup_index_rows", 0)
-                + validation.get("knowledge.dedup_index_rows", 0),
-                "instruction_rows": instruction.get("dedup_index_rows", 0)
-                + validation.get("instruction.dedup_index_rows", 0),
-                "against": list(config["knowledge"].get("dedup_against", ())),
-                "duplicates_of_earlier_runs": filtered.get(DUPLICATE_EARLIER_RUN, 0)},
             "separator_tokens": knowledge.get("separator_tokens", 0),
             "blocks": knowledge.get("blocks", 0),
             "block_size": config["knowledge"]["block_size"],
@@ -303,6 +294,7 @@ def build_manifest(stats: Mapping[str, int], files: Iterable[Mapping], config: M
         "domains": _domains(stats, config),
         "languages": _languages(stats, config),
         "quality_scores": _quality_scores(stats, config),
+        "dedup_index": _dedup_index(stats, config),
         **_curation_sections(stats, validation, config, seq_len, eval_texts or {}),
         "inputs": _inputs(stats, config["inputs"], input_files or {}),
         "outputs": dict(outputs),
@@ -347,6 +339,21 @@ def _languages(stats: Mapping, config: Mapping) -> dict:
         "by_language": {code: {"documents": c.get("documents", 0), "tokens": c.get("tokens", 0)}
                         for code, c in sorted(counts.items(),
                                               key=lambda kv: (-kv[1].get("tokens", 0), kv[0]))},
+    }
+
+
+def _dedup_index(stats: Mapping, config: Mapping) -> dict:
+    """Per branch, the rows ``--write_dedup_index`` wrote (the documents and conversations
+    published, validation split included) and the records ``--dedup_against``'s indexes
+    filtered as copies of what an earlier run published."""
+    return {
+        "written": config["knowledge"].get("dedup_index", False),
+        "against": list(config["knowledge"].get("dedup_against", ())),
+        "rows": {branch: stats.get(f"{branch}.dedup_index_rows", 0)
+                 + stats.get(f"validation.{branch}.dedup_index_rows", 0)
+                 for branch in BRANCHES},
+        "earlier_run_copies": {branch: stats.get(f"{branch}.dropped.{DUPLICATE_EARLIER_RUN}", 0)
+                               for branch in BRANCHES},
     }
 
 
@@ -540,9 +547,8 @@ def check_rows_written(manifest: Mapping) -> None:
         documents[f"validation/{DOCUMENTS}"] = manifest["validation"]["knowledge"]["documents"]
     if manifest["config"]["knowledge"].get("write_documents"):
         expected.update(documents)
-    if manifest["config"]["knowledge"].get("dedup_index"):
-        index = manifest["knowledge"]["dedup_index"]
-        expected[DEDUP_INDEX] = index["rows"] + index["instruction_rows"]
+    if manifest["dedup_index"]["written"]:
+        expected[DEDUP_INDEX] = sum(manifest["dedup_index"]["rows"].values())
     for format_kind in format_kinds(manifest["config"].get("output_format", ())):
         source = format_kind.source
         if source in expected or source in documents:
