@@ -1,0 +1,86 @@
+"""The per-class answer to Beam's DoFn-spec question (transforms/core/dofn_specs.py) is Beam's."""
+
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.coders import VarIntCoder
+from apache_beam.internal import pickler
+from apache_beam.transforms import userstate
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+
+from beam_pipeline.planning import prepare
+from beam_pipeline.running import build_pipeline
+from transforms.core import dofn_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
+COUNT_STATE = beam.DoFn.StateParam(COUNT)  # Beam's marker, read from the defaults
+
+
+class _Counting(beam.DoFn):
+    def process(self, element, count=COUNT_STATE):
+        yield element
+
+
+class _Steps:
+    def counted(self, element, count=COUNT_STATE):
+        return element
+
+    def plain(self, element):
+        return element
+
+
+class _Holding(beam.DoFn):
+    """Holds a bound method, whose defaults Beam reads as the DoFn's own."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def process(self, element):
+        yield self.step(element)
+
+
+def _dofns(pipeline: beam.Pipeline) -> list:
+    found = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if isinstance(node.transform, beam.ParDo):
+                found.append(node.transform.fn)
+
+    pipeline.visit(Visitor())
+    return found
+
+
+def test_beams_lookup_is_the_cache():
+    assert userstate.get_dofn_specs is dofn_specs.cached_dofn_specs
+    assert dofn_specs._beams_get_dofn_specs.__module__ == "apache_beam.transforms.userstate"
+
+
+def test_every_dofn_of_the_demo_graph_gets_beams_answer_as_a_worker_unpickles_it_too(tmp_path):
+    data = ROOT / "examples" / "data"
+    plan = prepare([f"--input={data / 'c4_sample.jsonl'}",
+                    f"--input={data / 'messages_sample.json'}", f"--output={tmp_path}/o"])
+    dofns = _dofns(build_pipeline(plan))
+    assert len(dofns) > 50
+    for dofn in dofns:
+        expected = dofn_specs._beams_get_dofn_specs(dofn)
+        assert dofn_specs.cached_dofn_specs(dofn) == expected
+        assert dofn_specs.cached_dofn_specs(pickler.loads(pickler.dumps(dofn))) == expected
+
+
+def test_state_in_a_class_or_in_a_held_method_is_seen_and_kept_apart():
+    steps = _Steps()
+    counted, plain = _Holding(steps.counted), _Holding(steps.plain)
+    for dofn in (_Counting(), counted):
+        assert dofn_specs._beams_get_dofn_specs(dofn) == ({COUNT}, set())
+        assert dofn_specs.cached_dofn_specs(dofn) == ({COUNT}, set())
+    assert dofn_specs.cached_dofn_specs(plain) == (set(), set())
+    assert userstate.is_stateful_dofn(counted)
+    assert not userstate.is_stateful_dofn(plain)
+
+
+def test_a_caller_changing_an_answer_does_not_change_the_next():
+    states, _ = dofn_specs.cached_dofn_specs(_Counting())
+    states.clear()
+    assert dofn_specs.cached_dofn_specs(_Counting())[0] == {COUNT}
