@@ -2,12 +2,12 @@
 
 import os
 
-from transforms.core import dofn_specs, worker_exit
+from transforms.core import beam_caches, worker_exit
 
 # transformers prints "PyTorch was not found" when imported; the pipeline only tokenizes and
 # never needs torch. Set before any module here imports transformers; the user's value wins.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 # Beam's worker processes unpickle the DoFns defined here, so they all import this package.
 worker_exit.install()
-# Beam introspects each DoFn's methods on every use; the answer is the class's (dofn_specs.py).
-dofn_specs.install()
+# Beam introspects DoFns and parses options again on every use; answered once (beam_caches.py).
+beam_caches.install()

@@ -1,16 +1,18 @@
-"""The per-class answer to Beam's DoFn-spec question (transforms/core/dofn_specs.py) is Beam's."""
+"""The cached answers to Beam's DoFn-spec and options-view questions are Beam's own
+(transforms/core/beam_caches.py)."""
 
 from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.coders import VarIntCoder
 from apache_beam.internal import pickler
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TypeOptions
 from apache_beam.transforms import userstate
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
 from beam_pipeline.planning import prepare
 from beam_pipeline.running import build_pipeline
-from transforms.core import dofn_specs
+from transforms.core import beam_caches
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
@@ -52,9 +54,23 @@ def _dofns(pipeline: beam.Pipeline) -> list:
     return found
 
 
-def test_beams_lookup_is_the_cache():
-    assert userstate.get_dofn_specs is dofn_specs.cached_dofn_specs
-    assert dofn_specs._beams_get_dofn_specs.__module__ == "apache_beam.transforms.userstate"
+def test_beams_lookups_are_the_caches():
+    assert userstate.get_dofn_specs is beam_caches.cached_dofn_specs
+    assert beam_caches._beams_get_dofn_specs.__module__ == "apache_beam.transforms.userstate"
+    assert PipelineOptions.view_as is beam_caches.cached_view_as
+    assert beam_caches._beams_view_as.__qualname__ == "PipelineOptions.view_as"
+
+
+def test_a_cached_view_reads_and_writes_the_options_it_was_taken_from():
+    options = PipelineOptions(["--runner=DirectRunner", "--type_check_strictness=ALL_REQUIRED"])
+    view = options.view_as(StandardOptions)
+    assert options.view_as(StandardOptions) is view and view.runner == "DirectRunner"
+    view.runner = None  # as Beam's Pipeline does while it builds
+    assert options.view_as(StandardOptions).runner is None
+    assert options.get_all_options()["runner"] is None
+    assert options.view_as(TypeOptions).type_check_strictness == "ALL_REQUIRED"
+    other = PipelineOptions(["--runner=Other"])
+    assert other.view_as(StandardOptions).runner == "Other"
 
 
 def test_every_dofn_of_the_demo_graph_gets_beams_answer_as_a_worker_unpickles_it_too(tmp_path):
@@ -64,23 +80,23 @@ def test_every_dofn_of_the_demo_graph_gets_beams_answer_as_a_worker_unpickles_it
     dofns = _dofns(build_pipeline(plan))
     assert len(dofns) > 50
     for dofn in dofns:
-        expected = dofn_specs._beams_get_dofn_specs(dofn)
-        assert dofn_specs.cached_dofn_specs(dofn) == expected
-        assert dofn_specs.cached_dofn_specs(pickler.loads(pickler.dumps(dofn))) == expected
+        expected = beam_caches._beams_get_dofn_specs(dofn)
+        assert beam_caches.cached_dofn_specs(dofn) == expected
+        assert beam_caches.cached_dofn_specs(pickler.loads(pickler.dumps(dofn))) == expected
 
 
 def test_state_in_a_class_or_in_a_held_method_is_seen_and_kept_apart():
     steps = _Steps()
     counted, plain = _Holding(steps.counted), _Holding(steps.plain)
     for dofn in (_Counting(), counted):
-        assert dofn_specs._beams_get_dofn_specs(dofn) == ({COUNT}, set())
-        assert dofn_specs.cached_dofn_specs(dofn) == ({COUNT}, set())
-    assert dofn_specs.cached_dofn_specs(plain) == (set(), set())
+        assert beam_caches._beams_get_dofn_specs(dofn) == ({COUNT}, set())
+        assert beam_caches.cached_dofn_specs(dofn) == ({COUNT}, set())
+    assert beam_caches.cached_dofn_specs(plain) == (set(), set())
     assert userstate.is_stateful_dofn(counted)
     assert not userstate.is_stateful_dofn(plain)
 
 
 def test_a_caller_changing_an_answer_does_not_change_the_next():
-    states, _ = dofn_specs.cached_dofn_specs(_Counting())
+    states, _ = beam_caches.cached_dofn_specs(_Counting())
     states.clear()
-    assert dofn_specs.cached_dofn_specs(_Counting())[0] == {COUNT}
+    assert beam_caches.cached_dofn_specs(_Counting())[0] == {COUNT}

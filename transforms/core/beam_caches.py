@@ -1,0 +1,82 @@
+"""Two questions Beam asks again on every use, answered once: a DoFn's state and timer specs,
+and an options object's view as one of its option classes.
+
+A run on a 4-line input asked ``userstate.get_dofn_specs(dofn)`` some 1,600 times (each ParDo
+apply, the graph's serialisation, every bundle's operations), each walking every method of the
+DoFn with ``inspect``; and ``PipelineOptions.view_as`` some 1,800 times (type checks, each
+transform's apply), each building an argument parser and parsing the flags again. Together they
+took about a third of such a run's wall time. Beam 2.77 offers no hook for either, so both are
+replaced here, once per process (``install``, run when the ``transforms`` package is imported,
+which every worker does to unpickle its DoFns). ``tests/test_beam_caches.py`` checks the
+answers against Beam's own and fails if Beam renames what is replaced.
+
+* DoFn specs depend only on the methods' default arguments (Beam's ``StateParam`` and
+  ``TimerParam`` markers), fixed by the class and by the callables an instance holds itself (a
+  ``beam.Map`` keeps its function there, and Beam reads that function's defaults).
+* An options view keeps no state of its own: it reads and writes the options dictionary it
+  shares with the object it was taken from, so one view per object and class serves every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from typing import Any, TypeVar
+
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import userstate
+
+_beams_get_dofn_specs = userstate.get_dofn_specs
+_beams_view_as = PipelineOptions.view_as
+View = TypeVar("View", bound=PipelineOptions)
+
+
+def _key(dofn: Any) -> tuple:
+    """The class, and each callable the instance holds, by what decides its signature: the code
+    and the defaults, so a copy unpickled in a worker finds the same entry."""
+    held = []
+    for name, value in getattr(dofn, "__dict__", {}).items():
+        function = value.__func__ if isinstance(value, types.MethodType) else value
+        if isinstance(function, types.FunctionType):
+            held.append((name, function.__code__, function.__defaults__,
+                         getattr(function, "__wrapped__", None)))
+        elif callable(value) and not isinstance(value, type):
+            held.append((name, value))  # a partial or a callable object: itself
+    return type(dofn), tuple(held)
+
+
+_specs: dict[tuple, tuple[set, set]] = {}
+
+
+def cached_dofn_specs(dofn: Any) -> tuple[set, set]:
+    """Beam's ``get_dofn_specs``, answered from the first call for the same key. Copies of the
+    sets are returned, so a caller that changes one cannot change the next answer."""
+    try:
+        key = _key(dofn)
+        found = _specs.get(key)
+    except TypeError:  # an unhashable default or callable: ask Beam
+        return _beams_get_dofn_specs(dofn)
+    if found is None:
+        found = _specs[key] = _beams_get_dofn_specs(dofn)
+    return set(found[0]), set(found[1])
+
+
+_views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_view_as(options: PipelineOptions, cls: type[View]) -> View:
+    """Beam's ``view_as``, made once per options object and class."""
+    per_class = _views.setdefault(options, {})
+    view = per_class.get(cls)
+    if view is None:
+        view = per_class[cls] = _beams_view_as(options, cls)
+    return view
+
+
+@functools.cache  # once per process
+def install() -> None:
+    """Beam's callers look ``get_dofn_specs`` up on its module and ``view_as`` on the class
+    each time, so replacing both there reaches every caller."""
+    userstate.get_dofn_specs = cached_dofn_specs
+    PipelineOptions.view_as = cached_view_as
