@@ -22,6 +22,7 @@ from beam_pipeline.graph import PreparePhase, build_graph
 from beam_pipeline.options import PrepConfig, launch_command
 from beam_pipeline.planning import Phase, Plan, prepare
 from beam_pipeline.report import publish
+from transforms.core import beam_caches
 from transforms.io.earlier_runs import ClearPreviousRun, clear_staging
 from transforms.io.manifest import MANIFEST_NAME, read_manifest, summary_lines
 from transforms.io.output_lock import Holder, OutputLock, acquire, release_if_held
@@ -79,6 +80,7 @@ def local_runner(plan: Plan) -> PipelineRunner | None:
 def build_pipeline(plan: Plan) -> beam.Pipeline:
     """The whole job's graph, built from the plan alone (no file is opened here)."""
     cfg = plan.config
+    beam_caches.install()
     pipeline = beam.Pipeline(runner=local_runner(plan), options=plan.options)
     started = pipeline | "ClearPreviousRun" >> ClearPreviousRun(plan.clear_outputs)
     if plan.phases[0].name is None:

@@ -1,6 +1,8 @@
 """The cached answers to Beam's DoFn-spec and options-view questions are Beam's own
 (transforms/core/beam_caches.py)."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import apache_beam as beam
@@ -55,10 +57,18 @@ def _dofns(pipeline: beam.Pipeline) -> list:
 
 
 def test_beams_lookups_are_the_caches():
+    beam_caches.install()  # as building a graph does
     assert userstate.get_dofn_specs is beam_caches.cached_dofn_specs
     assert beam_caches._beams_get_dofn_specs.__module__ == "apache_beam.transforms.userstate"
     assert PipelineOptions.view_as is beam_caches.cached_view_as
     assert beam_caches._beams_view_as.__qualname__ == "PipelineOptions.view_as"
+
+
+def test_a_worker_that_imports_the_package_after_beam_answers_from_the_caches():
+    code = ("import apache_beam, transforms; from apache_beam.transforms import userstate; "
+            "from transforms.core import beam_caches; "
+            "assert userstate.get_dofn_specs is beam_caches.cached_dofn_specs")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_a_cached_view_reads_and_writes_the_options_it_was_taken_from():

@@ -6,9 +6,11 @@ apply, the graph's serialisation, every bundle's operations), each walking every
 DoFn with ``inspect``; and ``PipelineOptions.view_as`` some 1,800 times (type checks, each
 transform's apply), each building an argument parser and parsing the flags again. Together they
 took about a third of such a run's wall time. Beam 2.77 offers no hook for either, so both are
-replaced here, once per process (``install``, run when the ``transforms`` package is imported,
-which every worker does to unpickle its DoFns). ``tests/test_beam_caches.py`` checks the
-answers against Beam's own and fails if Beam renames what is replaced.
+replaced here, once per process (``install``): by the launcher when it builds the graph, and in
+a Beam worker when it imports the ``transforms`` package to unpickle its DoFns (a process that
+imports the package without Beam, as a training job does, is left alone).
+``tests/test_beam_caches.py`` checks the answers against Beam's own and fails if Beam renames
+what is replaced.
 
 * DoFn specs depend only on the methods' default arguments (Beam's ``StateParam`` and
   ``TimerParam`` markers), fixed by the class and by the callables an instance holds itself (a
