@@ -23,6 +23,7 @@ Every approach reads exactly these files, so token counts can be compared exactl
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms.core.tokenizer import load_tokenizer
-from transforms.curation.pii import PiiConfig, redact
+from transforms.curation.pii import PiiConfig, redact, redact_value
 from transforms.instruction.adapters import to_conversation
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -133,7 +134,11 @@ def base_examples(seq_len: int, chat_template: Path, data: Path = SHARED_DATA) -
         for record in records:
             mapped = ({canonical: record[field] for canonical, field in field_map.items()}
                       if field_map else record)
-            examples.append({"messages": list(to_conversation(mapped).messages)})
+            # In the form redaction leaves them, as the documents are (``clean``): the check
+            # compares our tokens with TRL's on these very messages.
+            messages = list(to_conversation(mapped).messages)
+            examples.append({"messages": redact_value(messages, PiiConfig(),
+                                                      collections.Counter())})
     lengths = [len(ids) for ids in tokenizer.apply_chat_template(
         [e["messages"] for e in examples], chat_template=chat_template.read_text(),
         tokenize=True, return_dict=True)["input_ids"]]

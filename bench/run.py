@@ -413,9 +413,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                         f"(default {FULL_SCALE[0]:g} {FULL_SCALE[1]:g})")
     parser.add_argument("--workdir", type=Path, default=ROOT / "out" / "bench",
                         help="inputs, outputs and results (default out/bench)")
+    parser.add_argument("--formats_only", action="store_true",
+                        help="only the extra output formats' cost, on the 1x inputs of this "
+                        "scale (a quarter of the main runs'); written to WORKDIR/formats.md")
     given = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(given)
     scale = tuple(args.scale) if args.scale else QUICK_SCALE if args.quick else FULL_SCALE
+    if args.formats_only:
+        one = [s / MEMORY_FACTOR for s in scale]
+        data = args.workdir / "data"
+        knowledge = corpus.knowledge(data, one[0])
+        instruction = corpus.instruction(data, one[1], SEQ_LEN, CHAT_TEMPLATE)
+        inputs = Inputs(knowledge, instruction, knowledge, instruction, (knowledge, instruction))
+        section = extra_formats(Bench(args.workdir), inputs)
+        (args.workdir / "formats.md").write_text(section)
+        print(section)
+        return
     command = "make bench" + (f" BENCH_ARGS={shlex.quote(shlex.join(given))}" if given else "")
     for module in ("datasets", "trl", "tiktoken"):
         try:
