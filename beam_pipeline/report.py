@@ -231,6 +231,8 @@ def _fit(fig: Any, axes: Sequence[Any]) -> None:
     """Frames side by side, each with room for its labels, title and an outside legend."""
     width, height = fig.get_size_inches()
     left, right, bottom, top = (max(values) for values in zip(*map(_margins, axes), strict=True))
+    # A label too long for the figure (a 200-character host name) is cut, not an error.
+    left, right = min(left, 0.4 * width), min(right, 0.3 * width)
     count = len(axes)
     frame = max((width - count * (left + right)) / count, 0.5)
     fig.subplots_adjust(left=left / width, right=1 - right / width,

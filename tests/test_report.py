@@ -320,3 +320,18 @@ def test_boilerplate_removed_and_documents_left_too_short_are_listed():
     assert "<td>documents left too short (boilerplate_too_short)</td><td>1</td>" in page
     manifest["config"]["knowledge"]["boilerplate"] = None
     assert "not looked for" in report._boilerplate(manifest)
+
+
+def test_figures_make_room_for_their_labels_and_survive_one_longer_than_the_figure():
+    plt = report._pyplot()
+    axes = []
+
+    def draw(short, long):
+        report._hbars(short, ["a.example", "b.example"], [3, 4], "short names", "red", "docs")
+        report._hbars(long, ["x" * 250, "y"], [1, 2], "a 250-character host", "blue", "docs")
+        axes.extend((short, long))
+
+    assert report._figure(plt, draw, columns=2).startswith('<img class="plot"')
+    short, long = (ax.get_position() for ax in axes)  # as laid out
+    assert 0 < short.x0 < short.x1 < long.x0 < long.x1 <= 1  # side by side, inside the figure
+    assert long.x0 - short.x1 >= 0.3  # room for the second frame's (cut) labels
