@@ -1,6 +1,7 @@
 """The cached answers to Beam's DoFn-spec and options-view questions are Beam's own
 (transforms/core/beam_caches.py)."""
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,23 @@ def test_state_in_a_class_or_in_a_held_method_is_seen_and_kept_apart():
     assert beam_caches.cached_dofn_specs(plain) == (set(), set())
     assert userstate.is_stateful_dofn(counted)
     assert not userstate.is_stateful_dofn(plain)
+
+
+class _Encoder:
+    """A callable object a DoFn holds, as a step holds its tokenizer's encoder."""
+
+    def __call__(self, text):
+        return text
+
+
+def test_held_callable_objects_share_one_entry_and_partials_ask_beam():
+    before = len(beam_caches._specs)
+    for _ in range(3):  # a worker unpickles a new DoFn, and a new encoder, for each bundle
+        assert beam_caches.cached_dofn_specs(_Holding(_Encoder())) == (set(), set())
+    assert len(beam_caches._specs) == before + 1  # the encoders are not kept alive
+    counted = _Holding(functools.partial(_Steps().counted))
+    assert beam_caches.cached_dofn_specs(counted) == beam_caches._beams_get_dofn_specs(counted)
+    assert len(beam_caches._specs) == before + 1
 
 
 def test_a_caller_changing_an_answer_does_not_change_the_next():

@@ -35,16 +35,20 @@ View = TypeVar("View", bound=PipelineOptions)
 
 
 def _key(dofn: Any) -> tuple:
-    """The class, and each callable the instance holds, by what decides its signature: the code
-    and the defaults, so a copy unpickled in a worker finds the same entry."""
+    """The class, and each callable the instance holds, by what decides its signature: a
+    function's code and defaults, a callable object's class. Never the held objects themselves:
+    a worker unpickles new ones for every bundle, and the cache would keep them all alive.
+    TypeError for what this cannot key (a ``functools.partial`` binds defaults per instance)."""
     held = []
     for name, value in getattr(dofn, "__dict__", {}).items():
         function = value.__func__ if isinstance(value, types.MethodType) else value
         if isinstance(function, types.FunctionType):
             held.append((name, function.__code__, function.__defaults__,
                          getattr(function, "__wrapped__", None)))
+        elif isinstance(value, functools.partial):
+            raise TypeError("a partial's defaults are its own")
         elif callable(value) and not isinstance(value, type):
-            held.append((name, value))  # a partial or a callable object: itself
+            held.append((name, type(value)))
     return type(dofn), tuple(held)
 
 
@@ -57,7 +61,7 @@ def cached_dofn_specs(dofn: Any) -> tuple[set, set]:
     try:
         key = _key(dofn)
         found = _specs.get(key)
-    except TypeError:  # an unhashable default or callable: ask Beam
+    except TypeError:  # a partial, or an unhashable default: ask Beam
         return _beams_get_dofn_specs(dofn)
     if found is None:
         found = _specs[key] = _beams_get_dofn_specs(dofn)
