@@ -8,7 +8,9 @@ of this project's code on its stack, by module: the project keeps one module per
 ``transforms/knowledge/quality.py`` is the quality rules and ``transforms/core/fast_encoder.py``
 the tokenizer's fast path, whatever numpy, tiktoken or fastText call they make underneath.
 Samples with none of our frames are the interpreter's imports or Beam's runner, thread pools
-between tasks and other libraries; py-spy leaves out threads that sleep.
+between tasks and other libraries; py-spy leaves out threads that sleep. Child processes are
+sampled too (Beam's workers, the language model's helpers), so work moved out of the main
+process still counts.
 
     .venv/bin/python -m bench.bench_profile --branch knowledge [--scale 10] [--rate 50]
     .venv/bin/python -m bench.bench_profile --branch instruction [--scale 20]
@@ -97,7 +99,7 @@ def main() -> None:
     folded = args.workdir / f"profile-{args.branch}-{args.mode}.folded"
     command = [spy, "record", "--rate", str(args.rate), "--format", "raw", "--full-filenames",
                "--output",
-               str(folded), *(["--subprocesses"] if args.mode == "multi_processing" else []),
+               str(folded), "--subprocesses",
                "--", sys.executable, "-m", "beam_pipeline", f"--input={folder}/{pattern}",
                f"--output={args.workdir / 'runs' / f'profile-{args.branch}'}",
                "--overwrite=true", "--quiet", f"--direct_running_mode={args.mode}", *extra]

@@ -3,11 +3,17 @@ the shared English, Chinese and Korean data, ISO codes, the ``--languages`` filt
 reasons, and the manifest's counts per language."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pvalue import TaggedOutput
 
 from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
@@ -16,13 +22,17 @@ from tests.conftest import SHARED_DATA, require_shared_data
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import base_kind, output_kind, partition_of, partitioned_id
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
+from transforms.curation import language as language_module
 from transforms.curation.language import (
     DEFAULT_SAMPLE_CHARS,
     LANGUAGES,
+    POOL_MIN_DOCUMENTS,
     LanguageConfig,
     identify,
+    identify_all,
     parse_languages,
     sample,
+    start_identifying,
 )
 from transforms.curation.options import LanguageOptions, language_config
 from transforms.io.earlier_runs import earlier_run_files
@@ -89,15 +99,84 @@ def test_the_filter_drops_other_languages_and_low_scores_with_their_reasons():
              "Merci beaucoup, thank you, danke schön, gracias."]  # Esperanto, unsure
     records = tuple(Record("s", i, 0, text) for i, text in enumerate(texts))
     step = IdentifyLanguage(LanguageConfig(languages=("en", "eo", "ko"), min_score=0.65))
-    outputs = list(step.process(RecordChunk("c", records)))
+    outputs = _run_bundle(step, RecordChunk("c", records))
     kept = outputs[0].records
     assert [(r.position, r.language) for r in kept] == [(0, "en"), (1, "ko")]
     assert all(r.language_score >= 0.65 for r in kept)
     dropped = {r["position"]: r["reason"] for r in outputs[1].value.table.to_pylist()}
     assert dropped == {2: LANGUAGE_NOT_SELECTED, 3: LOW_LANGUAGE_SCORE}
-    labelled = list(IdentifyLanguage(LanguageConfig()).process(RecordChunk("c", records)))
+    labelled = _run_bundle(IdentifyLanguage(LanguageConfig()), RecordChunk("c", records))
     assert len(labelled[0].records) == len(records)  # without --languages nothing is dropped
     assert not IdentifyLanguage(LanguageConfig()).changes_documents  # first pass skips it
+    judged = [step.judge(record, None) for record in records]  # the first pass's way
+    assert [r.language for r in judged[:2]] == ["en", "ko"]
+    assert [d.reason for d in judged[2:]] == [LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE]
+
+
+def _run_bundle(step, *chunks):
+    """A step's outputs over one bundle of ``chunks``, as Beam calls it (an overlapped step's
+    last chunk leaves at the end of the bundle, windowed)."""
+    step.start_bundle()
+    outputs = [output for chunk in chunks for output in step.process(chunk)]
+    for windowed in step.finish_bundle() or ():
+        outputs.append(TaggedOutput(windowed.tag, windowed.value.value)
+                       if isinstance(windowed, TaggedOutput) else windowed.value)
+    return outputs
+
+
+def _batch() -> list[str]:
+    """Paragraphs in three languages, Tang verse (Han only: the kana rule) and long pages (the
+    sample): more than a helper batch."""
+    tang = json.loads((SHARED_DATA / "multilingual" / "zh_quantangshi_poet.tang.0.json")
+                      .read_text())
+    texts = [text for _, found in _paragraphs().values() for text in found]
+    texts += ["".join(poem["paragraphs"]) for poem in tang[:100]]
+    texts += [text for text in base_documents() if len(text) > DEFAULT_SAMPLE_CHARS][:200]
+    assert len(texts) >= 2 * POOL_MIN_DOCUMENTS
+    return texts
+
+
+def test_helper_processes_label_a_large_batch_exactly_as_this_process():
+    texts = _batch()
+    here = identify_all(texts, DEFAULT_SAMPLE_CHARS)
+    assert {code for code, _ in here} >= {"en", "zh", "ko"}
+    assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here
+    assert start_identifying(texts[:5], DEFAULT_SAMPLE_CHARS)() == here[:5]  # small: in here
+    if (os.cpu_count() or 1) < 2:
+        return
+    pool = language_module._POOLS[os.getpid()]  # the large batch went to the helpers
+    os.kill(next(iter(pool._processes)), signal.SIGKILL)
+    assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here  # done here instead
+    assert language_module._POOLS.get(os.getpid()) is not pool
+    assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here  # by new helpers
+    assert language_module._POOLS[os.getpid()] is not pool
+
+
+def test_helpers_leave_when_the_process_that_started_them_ends_with_os_exit():
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no helper processes")
+    code = ("import os, sys\n"
+            "from transforms.curation import language\n"
+            "language.start_identifying(['hello world'] * language.POOL_MIN_DOCUMENTS)()\n"
+            "print(*language._POOLS[os.getpid()]._processes, flush=True)\n"
+            "os._exit(0)\n")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120)
+    helpers = [int(pid) for pid in found.stdout.split()]
+    assert helpers
+    deadline = time.monotonic() + 30
+    while (alive := [pid for pid in helpers if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_the_manifest_counts_documents_and_tokens_per_language():

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from transforms.core.records import Record, RecordChunk, Rejection
-from transforms.core.steps import ChunkStep
+from transforms.core.steps import ChunkStep, OverlappedStep, Started
 from transforms.core.vocabulary import (
     BOILERPLATE_TOO_SHORT,
     EMPTY_AFTER_NORMALIZATION,
@@ -21,7 +21,7 @@ from transforms.core.vocabulary import (
     URL_BLOCKLISTED,
     Drop,
 )
-from transforms.curation.language import LanguageConfig, identify
+from transforms.curation.language import LanguageConfig, identify, start_identifying
 from transforms.curation.options import BranchCuration
 from transforms.curation.pii import PiiConfig, count_found, redact
 from transforms.curation.urls import UrlConfig, blocked_by, load_blocklist, url_domain
@@ -131,10 +131,14 @@ class RedactPersonalData(DocumentStep):
             self.count(name, count)
 
 
-class IdentifyLanguage(DocumentStep):
+class IdentifyLanguage(OverlappedStep, DocumentStep):
     """Labels each document with its language and the model's score for it
     (``transforms.curation.language``); with ``--languages``, drops the documents in other
-    languages or scored under ``--min_language_score``."""
+    languages or scored under ``--min_language_score``.
+
+    In the main pass a chunk's documents are identified in helper processes while the steps
+    before prepare the next chunk (``OverlappedStep``); deduplication's first pass judges
+    document by document (``judge`` without labels)."""
 
     step_name = "language"
 
@@ -142,8 +146,22 @@ class IdentifyLanguage(DocumentStep):
         self.config = config
         self.changes_documents = config.filters
 
-    def judge(self, record: Record, known: None) -> Record | Drop:
-        language, score = identify(record.value, self.config.sample_chars)
+    def start(self, chunk: RecordChunk) -> Callable[[], list[tuple[str, float]]]:
+        return start_identifying([record.value for record in chunk.records],
+                                 self.config.sample_chars)
+
+    def run(self, started: Started) -> Iterator[RecordChunk]:
+        return DocumentStep.run(self, started.chunk, started.handle)
+
+    def known(self, chunk: RecordChunk, labels: Callable[[], list[tuple[str, float]]]
+              ) -> Iterator[tuple[str, float]]:
+        """The chunk's labels, in the order ``run`` judges its documents."""
+        return iter(labels())
+
+    def judge(self, record: Record, labels: Iterator[tuple[str, float]] | None
+              ) -> Record | Drop:
+        language, score = (identify(record.value, self.config.sample_chars) if labels is None
+                           else next(labels))
         config = self.config
         if config.filters and language not in config.languages:
             return Drop(LANGUAGE_NOT_SELECTED, f"identified as {language} (score {score:.2f}), "
