@@ -43,6 +43,8 @@ Keeper = tuple[int, RecordKey]
 def unit_hash(text: str, min_chars: int) -> int | None:
     """A 64-bit hash of a paragraph or line with its spacing collapsed; None when shorter than
     ``min_chars``: too short to tell boilerplate from a common phrase."""
+    if len(text) < min_chars:  # collapsing spaces never lengthens a text
+        return None
     key = " ".join(text.split())
     if len(key) < min_chars:
         return None
