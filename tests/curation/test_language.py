@@ -2,6 +2,7 @@
 the shared English, Chinese and Korean data, ISO codes, the ``--languages`` filter with its
 reasons, and the manifest's counts per language."""
 
+import csv
 import json
 import os
 import signal
@@ -126,13 +127,15 @@ def _run_bundle(step, *chunks):
 
 
 def _batch() -> list[str]:
-    """Paragraphs in three languages, Tang verse (Han only: the kana rule) and long pages (the
-    sample): more than a helper batch."""
-    tang = json.loads((SHARED_DATA / "multilingual" / "zh_quantangshi_poet.tang.0.json")
-                      .read_text())
-    texts = [text for _, found in _paragraphs().values() for text in found]
-    texts += ["".join(poem["paragraphs"]) for poem in tang[:100]]
-    texts += [text for text in base_documents() if len(text) > DEFAULT_SAMPLE_CHARS][:200]
+    """More than a helper batch from the bundled examples (present on every clone): C4 pages
+    (long ones exercise the sample), Korean chatbot lines, Shakespeare ten lines at a time, and
+    Han-only verse (the kana rule)."""
+    data = Path(__file__).resolve().parents[2] / "examples" / "data"
+    texts = [json.loads(line)["text"] for line in (data / "c4_sample.jsonl").open()]
+    texts += [" ".join(row[:2]) for row in csv.reader((data / "ko_chatbot_sample.csv").open())]
+    lines = (data / "tinyshakespeare_excerpt.txt").read_text().splitlines()
+    texts += ["\n".join(lines[i:i + 10]) for i in range(0, len(lines), 10)]
+    texts += ["床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"] * 8  # noqa: RUF001
     assert len(texts) >= 2 * POOL_MIN_DOCUMENTS
     return texts
 
