@@ -39,8 +39,9 @@ def install() -> None:
 
 
 def before_leaving(function: Callable[[], None]) -> None:
-    """Runs ``function`` in ``leave``, before the process goes."""
-    _BEFORE_LEAVING.append(function)
+    """Runs ``function`` in ``leave``, before the process goes (once, however often given)."""
+    if function not in _BEFORE_LEAVING:
+        _BEFORE_LEAVING.append(function)
 
 
 def leave(status: int) -> NoReturn:

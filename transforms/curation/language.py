@@ -12,10 +12,10 @@ kana is Han characters only, which is Chinese: the model reads classical Chinese
 Japanese more often than not.
 
 The model's calls hold no Python state but need the GIL between documents, which a busy main
-thread hands over only every few milliseconds: threads beside the curation steps ran it several
-times slower than alone. So a large batch is identified in helper processes (``start_identifying``),
-each with its own interpreter and model, while the main thread goes on; the labels are the same
-as in the calling process (the same model file and code).
+thread hands over only at its switch interval (5 ms): a thread beside the curation steps would
+wait for it after every document. So a large batch is identified in helper processes
+(``start_identifying``), each with its own interpreter and model, while the main thread goes
+on; the labels are the same as in the calling process (the same model file and code).
 """
 
 from __future__ import annotations
@@ -188,8 +188,7 @@ def _pool() -> ProcessPoolExecutor | None:
         if pool is None:
             pool = ProcessPoolExecutor(_processes(), mp_context=_start_method(),
                                        initializer=_start_helper)
-            if not _POOLS:
-                worker_exit.before_leaving(close_helpers)
+            worker_exit.before_leaving(close_helpers)
             _POOLS[os.getpid()] = pool
         return pool
 
@@ -211,9 +210,9 @@ def _forget(pool: ProcessPoolExecutor) -> None:
 
 
 def _start_method() -> multiprocessing.context.BaseContext:
-    """Helpers fork from a fresh server process where the platform has one: forking this
-    process, which runs Beam's and the tokenizer's threads, is unsafe, and a spawned helper
-    would import the main module (Beam's whole worker, in a Beam worker process)."""
+    """Helpers fork from a small server process where the platform has one, else start afresh:
+    forking this process, which runs Beam's and the tokenizer's threads, is unsafe. Either way
+    a helper imports the main script, as Python's child processes do (docs/curation.md)."""
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     return multiprocessing.get_context(method)
 
