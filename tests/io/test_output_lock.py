@@ -125,17 +125,22 @@ def test_gcs_one_holder_and_release(gcs: str) -> None:
         check_owner(gcs, "second")
 
 
+STALE_S = 5.0
+
+
 def test_gcs_stale_lock_is_taken_over_once(gcs: str) -> None:
     """A lock left by a job that died (never released) is taken over once it is old enough,
     and of several runs that find it stale, exactly one takes it."""
     acquire(gcs, holder("died"))  # never released
     with pytest.raises(OutputBusy, match="older than 72 hours is taken over"):
         acquire(gcs, holder("early"))
-    time.sleep(2.0)  # "died" is now older than 1.5 s; a lock taken in the race is not
+    # "died" is then older than STALE_S; a lock taken in the race is not, as long as the race
+    # ends within STALE_S (1.5 s was too short on a loaded 2-core CI: two racers won).
+    time.sleep(STALE_S + 1.0)
 
     def take(run_id: str) -> bool:
         try:
-            acquire(gcs, holder(run_id), stale_after_s=1.5)
+            acquire(gcs, holder(run_id), stale_after_s=STALE_S)
         except OutputBusy:
             return False
         return True
