@@ -21,14 +21,13 @@ from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
 from bench.corpus import base_documents
 from tests.conftest import SHARED_DATA, require_shared_data
+from transforms.core import helpers
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import base_kind, output_kind, partition_of, partitioned_id
 from transforms.core.vocabulary import LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE
-from transforms.curation import language as language_module
 from transforms.curation.language import (
     DEFAULT_SAMPLE_CHARS,
     LANGUAGES,
-    POOL_MIN_DOCUMENTS,
     LanguageConfig,
     identify,
     identify_all,
@@ -136,7 +135,7 @@ def _batch() -> list[str]:
     lines = (data / "tinyshakespeare_excerpt.txt").read_text().splitlines()
     texts += ["\n".join(lines[i:i + 10]) for i in range(0, len(lines), 10)]
     texts += ["床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"] * 8  # noqa: RUF001
-    assert len(texts) >= 2 * POOL_MIN_DOCUMENTS
+    assert len(texts) >= 2 * helpers.MIN_ITEMS
     return texts
 
 
@@ -148,12 +147,12 @@ def test_helper_processes_label_a_large_batch_exactly_as_this_process():
     assert start_identifying(texts[:5], DEFAULT_SAMPLE_CHARS)() == here[:5]  # small: in here
     if (os.cpu_count() or 1) < 2:
         return
-    pool = language_module._POOLS[os.getpid()]  # the large batch went to the helpers
+    pool = helpers._POOLS[os.getpid()]  # the large batch went to the helpers
     os.kill(next(iter(pool._processes)), signal.SIGKILL)
     assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here  # done here instead
-    assert language_module._POOLS.get(os.getpid()) is not pool
+    assert helpers._POOLS.get(os.getpid()) is not pool
     assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here  # by new helpers
-    assert language_module._POOLS[os.getpid()] is not pool
+    assert helpers._POOLS[os.getpid()] is not pool
 
 
 @pytest.mark.parametrize("ending", ["os._exit(0)", "worker_exit.leave(0)"])
@@ -164,10 +163,10 @@ def test_helpers_leave_with_the_process_that_started_them(ending):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: no helper processes")
     code = ("import os, sys\n"
-            "from transforms.core import worker_exit\n"
+            "from transforms.core import helpers, worker_exit\n"
             "from transforms.curation import language\n"
-            "language.start_identifying(['hello world'] * language.POOL_MIN_DOCUMENTS)()\n"
-            "print(*language._POOLS[os.getpid()]._processes, flush=True)\n"
+            "language.start_identifying(['hello world'] * helpers.MIN_ITEMS)()\n"
+            "print(*helpers._POOLS[os.getpid()]._processes, flush=True)\n"
             f"{ending}\n")
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, timeout=120)
@@ -189,11 +188,12 @@ def test_an_unguarded_script_gets_the_same_labels_from_this_process(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(
         "import os\n"
+        "from transforms.core import helpers\n"
         "from transforms.curation import language\n"
-        "texts = ['hello world', 'bonjour tout le monde'] * language.POOL_MIN_DOCUMENTS\n"
+        "texts = ['hello world', 'bonjour tout le monde'] * helpers.MIN_ITEMS\n"
         "here = language.identify_all(texts)\n"
         "same = [language.start_identifying(texts)() == here for _ in range(4)]\n"
-        "print(all(same), language._BROKEN[os.getpid()])\n")
+        "print(all(same), helpers._BROKEN[os.getpid()])\n")
     root = str(Path(__file__).resolve().parents[2])
     found = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            check=False, timeout=300, cwd=root,

