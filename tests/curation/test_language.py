@@ -126,8 +126,8 @@ def _run_bundle(step, *chunks):
 
 
 def _batch() -> list[str]:
-    """More than a helper batch from the bundled examples (present on every clone): C4 pages
-    (long ones exercise the sample), Korean chatbot lines, Shakespeare ten lines at a time, and
+    """Hundreds of texts from the bundled examples (present on every clone): C4 pages (long
+    ones exercise the sample), Korean chatbot lines, Shakespeare ten lines at a time, and
     Han-only verse (the kana rule)."""
     data = Path(__file__).resolve().parents[2] / "examples" / "data"
     texts = [json.loads(line)["text"] for line in (data / "c4_sample.jsonl").open()]
@@ -135,16 +135,18 @@ def _batch() -> list[str]:
     lines = (data / "tinyshakespeare_excerpt.txt").read_text().splitlines()
     texts += ["\n".join(lines[i:i + 10]) for i in range(0, len(lines), 10)]
     texts += ["床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"] * 8  # noqa: RUF001
-    assert len(texts) >= 2 * helpers.MIN_ITEMS
     return texts
 
 
-def test_helper_processes_label_a_large_batch_exactly_as_this_process():
+def test_helper_processes_label_a_large_batch_exactly_as_this_process(monkeypatch):
+    monkeypatch.setattr(helpers, "MIN_CHARS", 10_000)  # a batch of the size of a real chunk's
     texts = _batch()
     here = identify_all(texts, DEFAULT_SAMPLE_CHARS)
     assert {code for code, _ in here} >= {"en", "zh", "ko"}
+    helpers.close_helpers()
+    assert start_identifying(texts[:3], DEFAULT_SAMPLE_CHARS)() == here[:3]  # small: in here
+    assert os.getpid() not in helpers._POOLS
     assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == here
-    assert start_identifying(texts[:5], DEFAULT_SAMPLE_CHARS)() == here[:5]  # small: in here
     if (os.cpu_count() or 1) < 2:
         return
     pool = helpers._POOLS[os.getpid()]  # the large batch went to the helpers
@@ -165,7 +167,8 @@ def test_helpers_leave_with_the_process_that_started_them(ending):
     code = ("import os, sys\n"
             "from transforms.core import helpers, worker_exit\n"
             "from transforms.curation import language\n"
-            "language.start_identifying(['hello world'] * helpers.MIN_ITEMS)()\n"
+            "helpers.MIN_CHARS = 0\n"
+            "language.start_identifying(['hello world'] * 8)()\n"
             "print(*helpers._POOLS[os.getpid()]._processes, flush=True)\n"
             f"{ending}\n")
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -190,7 +193,8 @@ def test_an_unguarded_script_gets_the_same_labels_from_this_process(tmp_path):
         "import os\n"
         "from transforms.core import helpers\n"
         "from transforms.curation import language\n"
-        "texts = ['hello world', 'bonjour tout le monde'] * helpers.MIN_ITEMS\n"
+        "helpers.MIN_CHARS = 0\n"
+        "texts = ['hello world', 'bonjour tout le monde'] * 8\n"
         "here = language.identify_all(texts)\n"
         "same = [language.start_identifying(texts)() == here for _ in range(4)]\n"
         "print(all(same), helpers._BROKEN[os.getpid()])\n")

@@ -6,12 +6,13 @@ thread beside the busy main thread waits after every small call. A batch split b
 processes (one per core, at most 8, each with its own interpreter) runs while the main thread
 goes on, and gives the same answer as in the calling process: the same code on the same data.
 
-``start_split(function, items)`` sends a large batch to the helpers in one part per helper and
-returns a function that waits for the results, in order; a small batch, a single core, or
-helpers that broke twice in this process (an unguarded main script fails every start) make it
-run here and now. A helper that dies (killed for memory?) makes its batch run here; the next
-batch starts new helpers. ``function`` and the items are pickled: a top-level function or a
-bound method of a picklable object.
+``start_split(function, items, chars)`` sends a large batch (``chars``, the characters its items
+hold, measures its work) to the helpers in one part per helper and returns a function that
+waits for the results, in order; a small batch, a single core, or helpers that broke twice in
+this process (an unguarded main script fails every start) make it run here and now. A helper
+that dies (killed for memory?) makes its batch run here; the next batch starts new helpers.
+``function`` and the items are pickled: a top-level function or a bound method of a picklable
+object.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from transforms.core import worker_exit
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Items from which a batch goes to the helpers: starting them costs about a second of CPU once
-# per process, which a few dozen documents do not repay.
-MIN_ITEMS = 256
+# Characters from which a batch goes to the helpers: starting them costs about a second of CPU
+# per helper, once per process, which the bundled examples' files (300 KB at most) would not
+# repay. A chunk of the bench corpus (``make bench``) holds 0.8 to 1.2 MB of language-id samples.
+MIN_CHARS = 500_000
 
 _POOLS: dict[int, ProcessPoolExecutor] = {}  # by the pid that made it: a fork starts afresh
 _POOL_LOCK = threading.Lock()
@@ -43,11 +45,11 @@ _BROKEN: collections.Counter[int] = collections.Counter()  # helper pools that b
 _MAX_BROKEN = 2
 
 
-def start_split(function: Callable[[Sequence[T]], list[R]], items: Sequence[T],
-                min_items: int = MIN_ITEMS) -> Callable[[], list[R]]:
-    """Starts ``function(items)``, split between the helpers for ``min_items`` items or more;
-    the returned function waits for its result (the parts' results joined, in order)."""
-    pool = _pool() if len(items) >= min_items else None
+def start_split(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], chars: int
+                ) -> Callable[[], list[R]]:
+    """Starts ``function(items)``, split between the helpers for ``MIN_CHARS`` characters or
+    more; the returned function waits for its result (the parts' results joined, in order)."""
+    pool = _pool() if chars >= MIN_CHARS and len(items) > 1 else None
     if pool is None:
         here = function(items)
         return lambda: here

@@ -129,6 +129,7 @@ def start_identifying(texts: Sequence[str], sample_chars: int = 0
     """Starts ``identify_all``; the returned function waits for the labels, in order. A large
     batch is split between helper processes (``transforms.core.helpers``), which get only each
     document's sample."""
-    return helpers.start_split(identify_all, [sample(text, sample_chars) for text in texts])
+    samples = [sample(text, sample_chars) for text in texts]
+    return helpers.start_split(identify_all, samples, sum(map(len, samples)))
 
 

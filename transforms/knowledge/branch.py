@@ -21,8 +21,9 @@ Beam never has to keep a pass's chunks while the decisions are made: the main re
 the steps after that side input and runs once the decisions are written.
 The first pass also leaves each document's quality verdict and, for those it keys, their token
 ids (encoded on a background thread) in the staging directory by text hash
-(``transforms.knowledge.token_cache``): the main pass reads verdicts and ids instead of
-computing them again.
+(``transforms.knowledge.token_cache``): that pass keeps one core busy with Python, so the other
+does the
+tokenizing, and the main pass reads verdicts and ids instead of computing them again.
 """
 
 from __future__ import annotations

@@ -5,16 +5,12 @@ decision file, and the token cache of verdicts and ids)."""
 from __future__ import annotations
 
 import dataclasses
-import threading
-import uuid
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.classify import classify
-from transforms.core import helpers
 from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
 from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
 from transforms.curation.options import BranchCuration
@@ -35,12 +31,12 @@ from transforms.knowledge.dedup.minhash import (
     DocumentKeys,
     MinHasher,
     chunk_number,
+    document_keys,
     file_numbering,
-    near_keys,
     record_key,
 )
 from transforms.knowledge.dedup.paragraphs import FindBoilerplate, chunk_rows, unit_hashes
-from transforms.knowledge.documents import DocumentStep, FilterQuality, document_steps
+from transforms.knowledge.documents import FilterQuality, document_steps
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
 from transforms.knowledge.quality import TextStats
@@ -51,140 +47,82 @@ SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of 
 INDEX_ROWS_PER_KEY_BUCKET = 65_536  # as many documents as 256 MiB of input at about 4 KB each
 
 
-@dataclasses.dataclass(frozen=True)
-class Judged:
-    """What pass one learns of one knowledge document that the main pass would judge."""
-
-    digest: bytes  # of the text the quality rules judge (the token cache's key)
-    reason: str | None  # the quality rule it fails, or None: kept
-    text: str | None = None  # kept: the text the main pass tokenizes
-    near: tuple[tuple[bytes, ...], bytes] = ((), b"")  # kept: LSH band keys, MinHash signature
-    units: tuple[int, ...] = ()  # kept, with boilerplate removal on: its units' hashes
-
-
-class _SetUp(NamedTuple):
-    steps: list[DocumentStep]  # those before the quality rules
-    quality: FilterQuality | None
-    hasher: MinHasher | None
-
-
-# Set-up steps per (token, thread): a process keeps the last few judges it met.
-_SET_UP: dict[tuple[str, int], _SetUp] = {}
-_SET_UP_KEPT = 8
-_SET_UP_LOCK = threading.Lock()
-
-
-class JudgeDocuments:
-    """Judges each record as the main pass would, by ``classify`` and the same document steps
-    (``document_steps``: those that may drop or change a document), and keys the kept ones.
-
-    Its steps are set up on first use, once per process and thread, and pickling carries only
-    the configuration and a token that names it, so a batch can go to helper processes
-    (``transforms.core.helpers``), which set the steps up once per token too.
-    """
-
-    def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
-                 curation: BranchCuration | None = None):
-        self.specs = {spec.index: spec for spec in specs}
-        self.config = config
-        self.curation = curation
-        self.token = uuid.uuid4().hex
-
-    def set_up(self) -> _SetUp:
-        key = (self.token, threading.get_ident())
-        found = _SET_UP.get(key)
-        if found is None:
-            steps = [step for _, step in document_steps(self.config, self.curation)
-                     if step.changes_documents]
-            for step in steps:
-                step.setup()
-            quality = [step for step in steps if isinstance(step, FilterQuality)]
-            dedup = self.config.dedup
-            found = _SetUp([step for step in steps if not isinstance(step, FilterQuality)],
-                           quality[0] if quality else None,
-                           MinHasher(dedup.num_perm) if dedup.active and dedup.near else None)
-            with _SET_UP_LOCK:
-                while len(_SET_UP) >= _SET_UP_KEPT:
-                    _SET_UP.pop(next(iter(_SET_UP)))
-                _SET_UP[key] = found
-        return found
-
-    def __call__(self, records: Sequence[Record]) -> list[Judged | None]:
-        """Per record, in order: what pass one learns of it, or None for a record that is not
-        a knowledge document the main pass would judge."""
-        set_up = self.set_up()
-        return [self.judge(record, set_up) for record in records]
-
-    def judge(self, record: Record, set_up: _SetUp) -> Judged | None:
-        routed = classify(record, self.specs[record.input_index])
-        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
-            return None
-        record = routed[1]
-        for step in set_up.steps:
-            judged = step.judge(record, None)
-            if not isinstance(judged, Record):
-                return None
-            record = judged
-        stats = TextStats(record.value)
-        # Nothing is known of a chunk before this pass: it is the one that writes the cache.
-        reason = set_up.quality.verdict(stats, {}) if set_up.quality is not None else None
-        if reason is not None:
-            return Judged(stats.digest, reason)
-        boilerplate = self.config.boilerplate
-        return Judged(stats.digest, None, stats.text,
-                      near_keys(stats, self.config.dedup, set_up.hasher),
-                      tuple(unit_hashes(stats.text, boilerplate)) if boilerplate else ())
-
-
 class KeyDocuments(BackgroundWriter):
     """Pass one of deduplication: the small keys of each document the main pass would keep,
     one batch per chunk: ``DocumentKeys`` unless ``--dedup=none``, and with boilerplate
     removal on, the packed rows of its paragraphs' hashes (tagged ``UNITS``).
 
-    Each chunk is judged by ``JudgeDocuments``, split between helper processes when large: this
-    pass is Python document after document, and the DirectRunner's ``in_memory`` mode would
-    run it on one thread. It counts nothing: the main pass does that. With a ``token_cache``
-    directory it also writes each verdict and, encoded in the background, the kept documents'
-    ids, for the main pass to reuse (``transforms.knowledge.token_cache``).
+    It judges each record as the main pass does, by ``classify`` and the same document steps
+    (``document_steps``: those that may drop or change a document), but counts nothing: the
+    main pass does that. With a
+    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
+    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
+    (``transforms.knowledge.token_cache``).
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
                  files: Sequence[str], tokenizer: str, token_cache: str | None = None,
                  curation: BranchCuration | None = None, keys_dir: str | None = None):
         self.keys_dir = keys_dir  # --write_dedup_index: each chunk's keys, for IndexDocuments
-        self.judge = JudgeDocuments(specs, config, curation)
+        self.specs = {spec.index: spec for spec in specs}
         self.config = config
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
+        self.steps = [step for _, step in document_steps(config, curation)
+                      if step.changes_documents]
+
+    def setup(self) -> None:
+        super().setup()
+        for step in self.steps:
+            step.setup()
+        dedup_config = self.config.dedup
+        self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
     def process(self, chunk: RecordChunk
                 ) -> Iterator[tuple[DocumentKeys, ...] | beam.pvalue.TaggedOutput]:
-        found = helpers.start_split(self.judge, chunk.records)()
-        judged = [(record, document) for record, document in zip(chunk.records, found,
-                                                                  strict=True)
-                  if document is not None]
-        kept = [(record_key(record, self.file_numbers), document)
-                for record, document in judged if document.reason is None]
+        judged = [(record, found) for record in chunk.records
+                  if (found := self.judge(record)) is not None]
+        kept = [(record_key(record, self.file_numbers), stats)
+                for record, (stats, reason) in judged if reason is None]
         if judged and self.token_cache is not None:
             self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
-                       [document.digest for _, document in judged],
-                       [document.reason for _, document in judged],
-                       [document.text for _, document in kept])
+                       [stats.digest for _, (stats, _) in judged],
+                       [reason for _, (_, reason) in judged],
+                       [stats.text for _, stats in kept])
         if not kept:
             return
         number = chunk_number(chunk.chunk_id)
         if self.config.dedup.active:
             # one element per chunk: a shuffled element costs more than its keys
-            keys = tuple(DocumentKeys((*key, number, document.digest), *document.near)
-                         for key, document in kept)
+            keys = tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
+                         for key, stats in kept)
             if self.keys_dir is not None:
                 self.write(write_chunk_keys, keys_path(self.keys_dir, chunk.chunk_id), keys)
             yield keys
-        if self.config.boilerplate is not None:
-            units = [(key, set(document.units)) for key, document in kept]
+        boilerplate = self.config.boilerplate
+        if boilerplate is not None:
+            units = [(key, unit_hashes(stats.text, boilerplate)) for key, stats in kept]
             if any(found for _, found in units):
                 yield beam.pvalue.TaggedOutput(UNITS, chunk_rows(units, number))
+
+    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
+        """The normalised document and its quality verdict (a reason code, or None to keep
+        it); None for a record that is not a knowledge document the main pass would judge."""
+        routed = classify(record, self.specs[record.input_index])
+        if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
+            return None
+        record = routed[1]
+        for step in self.steps:
+            # Nothing is known of a chunk before this pass: it is the one that writes the cache.
+            if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
+                stats = TextStats(record.value)
+                return stats, step.verdict(stats, {})
+            judged = step.judge(record, None)
+            if not isinstance(judged, Record):
+                return None
+            record = judged
+        return TextStats(record.value), None
 
     def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
                texts: list[str]) -> None:

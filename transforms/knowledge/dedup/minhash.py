@@ -122,20 +122,14 @@ def similarity(signature_a: bytes, signature_b: bytes) -> float:
     return float(np.mean(a == b))
 
 
-def near_keys(stats: TextStats, config: DedupConfig, hasher: MinHasher | None
-              ) -> tuple[tuple[bytes, ...], bytes]:
-    """A text's LSH band keys and MinHash signature; none without a ``hasher``, or for a text
-    without words (only an exact copy can match it)."""
-    if hasher is None:
-        return (), b""
-    found = shingles(stats, config.ngram)
-    if not len(found):
-        return (), b""
-    signature = hasher.signature(found)
-    return band_keys(signature, config.bands), signature.tobytes()
-
-
 def document_keys(key: RecordKey, chunk: int, stats: TextStats, config: DedupConfig,
                   hasher: MinHasher | None) -> DocumentKeys:
     """The keys pass one emits for one document; MinHash keys only with a ``hasher``."""
-    return DocumentKeys((*key, chunk, stats.digest), *near_keys(stats, config, hasher))
+    node = (*key, chunk, stats.digest)
+    if hasher is None:
+        return DocumentKeys(node)
+    found = shingles(stats, config.ngram)
+    if not len(found):  # no words: only an exact copy can match it
+        return DocumentKeys(node)
+    signature = hasher.signature(found)
+    return DocumentKeys(node, band_keys(signature, config.bands), signature.tobytes())
