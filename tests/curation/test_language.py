@@ -157,6 +157,18 @@ def test_helper_processes_label_a_large_batch_exactly_as_this_process(monkeypatc
     assert helpers._POOLS[os.getpid()] is not pool
 
 
+def test_a_beam_worker_process_identifies_in_process(monkeypatch):
+    """Beam's SDK workers are one process per core already; helpers there would each import
+    the worker's main module (all of Beam)."""
+    monkeypatch.setattr(helpers, "MIN_CHARS", 10_000)
+    monkeypatch.setattr(helpers.worker_exit, "in_sdk_worker", lambda: True)
+    texts = _batch()
+    helpers.close_helpers()
+    assert start_identifying(texts, DEFAULT_SAMPLE_CHARS)() == identify_all(
+        texts, DEFAULT_SAMPLE_CHARS)
+    assert os.getpid() not in helpers._POOLS
+
+
 @pytest.mark.parametrize("ending", ["os._exit(0)", "worker_exit.leave(0)"])
 def test_helpers_leave_with_the_process_that_started_them(ending):
     """``os._exit`` (a crash, a kill): the helpers see their parent go. ``leave`` (how the

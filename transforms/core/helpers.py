@@ -77,9 +77,14 @@ def processes() -> int:
 
 
 def _pool() -> ProcessPoolExecutor | None:
-    """This process's helpers (started on first use), or None on a single core or once helpers
-    broke twice here."""
-    if processes() < 2 or _BROKEN[os.getpid()] >= _MAX_BROKEN:
+    """This process's helpers (started on first use), or None on a single core, in a Beam SDK
+    worker, or once helpers broke twice here.
+
+    An SDK worker (``multi_processing``, Dataflow) is already one process per core, and a
+    helper started there imports the worker's main module, all of Beam: 220 MB of memory
+    each, per worker, for no core left to use. Helpers of ``python -m beam_pipeline`` skip
+    its ``__main__`` (multiprocessing does not re-import a package's ``__main__``)."""
+    if processes() < 2 or worker_exit.in_sdk_worker() or _BROKEN[os.getpid()] >= _MAX_BROKEN:
         return None
     with _POOL_LOCK:
         pool = _POOLS.get(os.getpid())
