@@ -10,8 +10,10 @@ import apache_beam as beam
 from apache_beam.coders import VarIntCoder
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TypeOptions
+from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import userstate
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+from apache_beam.utils.counters import CounterFactory
 
 from beam_pipeline.planning import prepare
 from beam_pipeline.running import build_pipeline
@@ -63,6 +65,15 @@ def test_beams_lookups_are_the_caches():
     assert beam_caches._beams_get_dofn_specs.__module__ == "apache_beam.transforms.userstate"
     assert PipelineOptions.view_as is beam_caches.cached_view_as
     assert beam_caches._beams_view_as.__qualname__ == "PipelineOptions.view_as"
+
+
+def test_a_bundles_state_sampler_samples_every_20_ms_at_most():
+    beam_caches.install()
+    init = statesampler.StateSampler.__init__
+    names = init.__code__.co_varnames[:init.__code__.co_argcount]
+    assert names[-1] == "sampling_period_ms" and len(init.__defaults__) == 1  # Beam's shape
+    sampler = statesampler.StateSampler("fnapi-step-x", CounterFactory())  # as a bundle makes it
+    assert sampler.sampling_period_ms == beam_caches.SAMPLING_PERIOD_MS == 20
 
 
 def test_a_worker_that_imports_the_package_after_beam_answers_from_the_caches():

@@ -1,5 +1,6 @@
 """Two questions Beam asks again on every use, answered once: a DoFn's state and timer specs,
-and an options object's view as one of its option classes.
+and an options object's view as one of its option classes; and a wait at the end of every bundle,
+shortened.
 
 A run on a 4-line input asked ``userstate.get_dofn_specs(dofn)`` some 1,600 times (each ParDo
 apply, the graph's serialisation, every bundle's operations), each walking every method of the
@@ -17,6 +18,11 @@ what is replaced.
   ``beam.Map`` keeps its function there, and Beam reads that function's defaults).
 * An options view keeps no state of its own: it reads and writes the options dictionary it
   shares with the object it was taken from, so one view per object and class serves every call.
+* Each bundle starts a state-sampler thread (it charges wall time to the running step, for
+  Beam's progress and timing metrics) and joins it at the end; the thread sleeps between samples
+  in periods growing by a fifth up to 200 ms, and the join waits out the current sleep. On a
+  4-line run that was 0.35 s over 58 bundles, a twentieth of the run. Sampling at most every
+  20 ms keeps the samples and bounds each wait to 20 ms (the sleeps are in C, without the GIL).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import weakref
 from typing import Any, TypeVar
 
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import userstate
 
 _beams_get_dofn_specs = userstate.get_dofn_specs
 _beams_view_as = PipelineOptions.view_as
 View = TypeVar("View", bound=PipelineOptions)
+SAMPLING_PERIOD_MS = 20  # Beam's default is statesampler.DEFAULT_SAMPLING_PERIOD_MS, 200
 
 
 def _key(dofn: Any) -> tuple:
@@ -83,6 +91,8 @@ def cached_view_as(options: PipelineOptions, cls: type[View]) -> View:
 @functools.cache  # once per process
 def install() -> None:
     """Beam's callers look ``get_dofn_specs`` up on its module and ``view_as`` on the class
-    each time, so replacing both there reaches every caller."""
+    each time, so replacing both there reaches every caller. A bundle makes its sampler without
+    a period (``bundle_processor.BundleProcessor``), so the constructor's default sets it."""
     userstate.get_dofn_specs = cached_dofn_specs
     PipelineOptions.view_as = cached_view_as
+    statesampler.StateSampler.__init__.__defaults__ = (SAMPLING_PERIOD_MS,)
