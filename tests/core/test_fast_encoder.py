@@ -193,6 +193,19 @@ def test_other_tokenizers_are_refused(change, reason):
         assert fe.fast_raw_encoder(backend, _one(backend)) is None
 
 
+def test_a_models_proof_is_kept_per_backend_object_and_settings_are_checked_each_time():
+    """The model's digest is computed once per backend object; truncation, which transformers
+    sets on a shared backend, still refuses it afterwards."""
+    backend = _variant(lambda b: None)
+    assert id(backend) not in fe._PROVEN_MODELS
+    assert fe.why_not_fast(backend) is None
+    assert fe._PROVEN_MODELS[id(backend)] is backend
+    backend.enable_truncation(16)
+    assert "truncation" in fe.why_not_fast(backend)
+    other = _variant(lambda b: b.add_tokens(["<tool_call>"]))
+    assert "not special" in fe.why_not_fast(other) and id(other) not in fe._PROVEN_MODELS
+
+
 def test_another_bpe_model_is_refused_and_the_backend_used(tmp_path):
     """Same pipeline shape, other vocabulary: a different model digest."""
     from tokenizers import models

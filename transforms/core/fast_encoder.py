@@ -96,9 +96,24 @@ def _unproven(backend: Tokenizer) -> str | None:
         return "truncation or padding is set"
     if not all(token.special for token in backend.get_added_tokens_decoder().values()):
         return "an added token is not special (it would be matched in raw text)"
-    if hashlib.sha256(backend.model.__getstate__()).hexdigest() != QWEN2_BPE_SHA256:
+    if not _default_model(backend):
         return "BPE model differs from the offline default's"
     return None
+
+
+_PROVEN_MODELS: dict[int, Tokenizer] = {}  # id -> backend, of backends whose model is proven
+
+
+def _default_model(backend: Tokenizer) -> bool:
+    """Whether ``backend``'s BPE model serialises to ``QWEN2_BPE_SHA256``, hashed once per
+    backend object (0.2 s; the branches share one backend). Nothing here replaces a backend's
+    model; the settings ``_unproven`` checks besides are checked every time."""
+    if _PROVEN_MODELS.get(id(backend)) is backend:
+        return True
+    if hashlib.sha256(backend.model.__getstate__()).hexdigest() != QWEN2_BPE_SHA256:
+        return False
+    _PROVEN_MODELS[id(backend)] = backend
+    return True
 
 
 def _byte_level_decoder() -> dict[int, int]:
@@ -124,6 +139,7 @@ SEPARATOR_ID = 1 << 30
 _RANKS: list[dict[bytes, int]] = []  # the proven model's ranks, once read
 _ENCODINGS: dict[tuple[tuple[str, int], ...], tiktoken.Encoding] = {}  # by special tokens
 _ENCODING_LOCK = threading.Lock()
+_RANKS_LOCK = threading.Lock()  # taken inside _ENCODING_LOCK, never the other way round
 
 
 def qwen2_encoding(backend: Tokenizer, special_tokens: Mapping[str, int] | None = None
@@ -139,13 +155,20 @@ def qwen2_encoding(backend: Tokenizer, special_tokens: Mapping[str, int] | None 
     key = tuple(sorted((special_tokens or {}).items()))
     with _ENCODING_LOCK:
         if key not in _ENCODINGS:
-            if not _RANKS:
-                _RANKS.append(_ranks(backend))
             _ENCODINGS[key] = tiktoken.Encoding(f"qwen2-offline-{len(_ENCODINGS)}",
                                                 pat_str=QWEN2_PATTERN,
-                                                mergeable_ranks=_RANKS[0],
+                                                mergeable_ranks=qwen2_ranks(backend),
                                                 special_tokens=dict(key))
         return _ENCODINGS[key]
+
+
+def qwen2_ranks(backend: Tokenizer) -> dict[bytes, int]:
+    """The proven model's ranks (each token's bytes to its id), read once per process; the
+    same proviso as ``qwen2_encoding``."""
+    with _RANKS_LOCK:
+        if not _RANKS:
+            _RANKS.append(_ranks(backend))
+        return _RANKS[0]
 
 
 def joinable(special_tokens: Iterable[str]) -> bool:

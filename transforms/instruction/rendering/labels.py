@@ -29,6 +29,7 @@ from transforms.core.fast_encoder import (
     fast_raw_encoder,
     joinable,
     qwen2_encoding,
+    qwen2_ranks,
 )
 from transforms.core.tokenizer import private_backend
 from transforms.core.vocabulary import (
@@ -267,10 +268,10 @@ class _PieceEncoder:
         self.joined = joinable(added_ids)
         self.encoding = qwen2_encoding(
             backend, {**added_ids, SEPARATOR: SEPARATOR_ID} if self.joined else added_ids)
-        vocab = backend.get_vocab(with_added_tokens=False)  # byte-level: a character per byte
-        self.nbytes = np.zeros(max([*vocab.values(), *added]) + 1, dtype=np.int64)
-        self.nbytes[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
-            map(len, vocab), np.int64, len(vocab))
+        ranks = qwen2_ranks(backend)  # each token's bytes: the backend's vocabulary, decoded
+        self.nbytes = np.zeros(max([*ranks.values(), *added]) + 1, dtype=np.int64)
+        self.nbytes[np.fromiter(ranks.values(), np.int64, len(ranks))] = np.fromiter(
+            map(len, ranks), np.int64, len(ranks))
         for i, token in added.items():
             self.nbytes[i] = len(token.content.encode("utf-8"))
 
