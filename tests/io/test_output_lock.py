@@ -71,7 +71,8 @@ def test_a_killed_holder_is_taken_over(tmp_path: Path) -> None:
         assert read_holder(out).run_id == "next"
 
 
-def _race(out: str, run_id: str, start: float, results: multiprocessing.Queue) -> None:
+def _race(out: str, run_id: str, start: float, results: multiprocessing.Queue,
+          everyone_tried: multiprocessing.Event) -> None:
     time.sleep(max(0.0, start - time.time()))
     try:
         lock = acquire(out, holder(run_id))
@@ -79,7 +80,9 @@ def _race(out: str, run_id: str, start: float, results: multiprocessing.Queue) -
         results.put((run_id, False))
         return
     results.put((run_id, True))
-    time.sleep(1.0)  # hold it while the others try
+    # Held until every racer has tried: a racer that a busy machine starts late must still
+    # find it held (a fixed hold once let a late one win after the release).
+    everyone_tried.wait(60)
     lock.release()
 
 
@@ -87,13 +90,14 @@ def _race(out: str, run_id: str, start: float, results: multiprocessing.Queue) -
 def test_racing_processes_exactly_one_wins(tmp_path: Path, trial: int) -> None:
     out = str(tmp_path / f"out{trial}")
     context = multiprocessing.get_context("fork")
-    results = context.Queue()
+    results, everyone_tried = context.Queue(), context.Event()
     start = time.time() + 0.5
-    racers = [context.Process(target=_race, args=(out, f"r{i}", start, results))
+    racers = [context.Process(target=_race, args=(out, f"r{i}", start, results, everyone_tried))
               for i in range(RACERS)]
     for racer in racers:
         racer.start()
     outcome = dict(results.get(timeout=30) for _ in racers)
+    everyone_tried.set()
     for racer in racers:
         racer.join()
     winners = [run for run, won in outcome.items() if won]
