@@ -15,6 +15,7 @@ from transforms.knowledge.documents import FilterQuality
 from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.quality import QualityConfig, text_hash
 from transforms.knowledge.token_cache import (
+    Prepared,
     cache_path,
     lookup,
     read_tokens,
@@ -32,7 +33,8 @@ def test_verdicts_and_ids_round_trip_by_text_hash(tmp_path):
     reasons = [None, "too_few_words", None, None]
     arrays = [np.array([5, 6, 7], np.int32), np.empty(0, np.int32), np.array([9], np.int32)]
     path = cache_path(str(tmp_path / "cache"), "chunk-0")
-    write_chunk(path, [text_hash(t) for t in texts], reasons, arrays)
+    write_chunk(path, [text_hash(t) for t in texts], reasons, arrays,
+                [Prepared(text_hash(t)) for t in texts])
     found = lookup(read_tokens(path), [*texts, "not cached"])
     assert [a.tolist() for a in (found[0], found[2], found[3])] == [[5, 6, 7], [], [9]]
     assert found[1] is None and found[4] is None  # a dropped document has no ids
@@ -47,7 +49,8 @@ def test_the_main_pass_takes_cached_verdicts_by_hash_and_judges_the_rest(tmp_pat
             "tools and frightened animals to the higher fields beyond the church.")
     cache = str(tmp_path / "cache")
     # A verdict no rule would give this text, to show it was taken from the file.
-    write_chunk(cache_path(cache, "c0"), [text_hash(good)], ["bullet_lines"], [])
+    write_chunk(cache_path(cache, "c0"), [text_hash(good)], ["bullet_lines"], [],
+                [Prepared(text_hash(good))])
     step = FilterQuality(QualityConfig(), cache)
     chunk = RecordChunk("c0", (Record("s", 0, 0, good), Record("s", 1, 0, "two words")))
     outputs = list(step.process(chunk))
@@ -61,7 +64,7 @@ def test_the_main_pass_takes_cached_ids_by_hash_and_encodes_the_rest(tmp_path):
     cache = str(tmp_path / "cache")
     # Ids no encoder would give for this text, to show they were taken from the file.
     write_chunk(cache_path(cache, "c0"), [text_hash(cached)], [None],
-                [np.array([1, 2, 3], np.int32)])
+                [np.array([1, 2, 3], np.int32)], [Prepared(text_hash(cached))])
     step = TokenizeDocuments(DEFAULT_TOKENIZER, cache)
     step.setup()
     try:

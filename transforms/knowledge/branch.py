@@ -19,11 +19,11 @@ side input is the number of decision files written (one int): it makes the main 
 them. The documents themselves are never shuffled, and no read is shared between the passes, so
 Beam never has to keep a pass's chunks while the decisions are made: the main read is fused with
 the steps after that side input and runs once the decisions are written.
-The first pass also leaves each document's quality verdict and, for those it keys, their token
-ids (encoded on a background thread) in the staging directory by text hash
-(``transforms.knowledge.token_cache``): that pass keeps one core busy with Python, so the other
-does the
-tokenizing, and the main pass reads verdicts and ids instead of computing them again.
+The first pass also leaves each document's normalised and redacted text, its quality verdict
+and, for those it keys, their token ids (encoded on a background thread) in the staging
+directory by text hash (``transforms.knowledge.token_cache``): that pass keeps one core busy
+with Python, so the other does the tokenizing, and the main pass reads texts, verdicts and ids
+instead of computing them again.
 """
 
 from __future__ import annotations

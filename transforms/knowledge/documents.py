@@ -30,8 +30,14 @@ from transforms.knowledge.dedup.minhash import chunk_number, record_key
 from transforms.knowledge.dedup.paragraphs import remove_units
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import QualityConfig, TextStats, describe, first_failure
-from transforms.knowledge.token_cache import cache_path, read_verdicts
+from transforms.knowledge.quality import (
+    QualityConfig,
+    TextStats,
+    describe,
+    first_failure,
+    text_hash,
+)
+from transforms.knowledge.token_cache import Prepared, cache_path, read_prepared, read_verdicts
 
 _UNKNOWN = object()  # no verdict from the first pass
 BOILERPLATE = "knowledge.boilerplate"  # counters of what boilerplate removal took out of documents
@@ -70,6 +76,10 @@ class DocumentStep(ChunkStep):
     def judge(self, record: Record, known: Any) -> Record | Drop:
         """The record to keep (possibly rewritten) or the ``Drop`` that says why it goes."""
         raise NotImplementedError
+
+    def reused(self, record: Record, known: Any) -> None:
+        """Notes in ``known`` what ``judge`` would have for ``record``, which ``ReuseFirstPass``
+        took as deduplication's first pass left it; nothing by default."""
 
 
 class FilterBlockedUrls(DocumentStep):
@@ -121,14 +131,63 @@ class RedactPersonalData(DocumentStep):
         text, spans = redact(record.value, self.config)
         if not spans:
             return record
-        if found is not None:
-            found.update(spans)
+        record = dataclasses.replace(record, value=text, pii=tuple(sorted(spans.items())))
+        self.reused(record, found)
+        return record
+
+    def reused(self, record: Record, found: collections.Counter | None) -> None:
+        if record.pii and found is not None:
+            found.update(dict(record.pii))
             found["documents"] += 1
-        return dataclasses.replace(record, value=text, pii=tuple(sorted(spans.items())))
 
     def tally(self, found: collections.Counter) -> None:
         for name, count in count_found(KNOWLEDGE, found).items():
             self.count(name, count)
+
+
+class ReuseFirstPass(DocumentStep):
+    """The text steps (normalisation, personal data) in the main pass, once deduplication's
+    first pass has run them: their result for each document that pass judged is in its chunk's
+    file (``token_cache.Prepared``), found by the hash of the text as read, so only the other
+    documents (those it dropped before the quality rules, or all of a chunk whose file is
+    missing) go through the steps themselves. Either way the record, its drop and its counters
+    are the steps' own: the steps count through this one."""
+
+    def __init__(self, steps: Sequence[DocumentStep], token_cache: str):
+        self.steps = tuple(steps)
+        self.token_cache = token_cache
+        self.step_name = self.steps[0].step_name  # where its drops sort in filtered/
+
+    def setup(self) -> None:
+        for step in self.steps:
+            step.setup()
+            step.count = self.count  # type: ignore[method-assign]
+
+    def known(self, chunk: RecordChunk) -> tuple[dict[bytes, Prepared], list[Any]]:
+        return (read_prepared(cache_path(self.token_cache, chunk.chunk_id)),
+                [step.known(chunk) for step in self.steps])
+
+    def judge(self, record: Record, known: tuple[dict[bytes, Prepared], list[Any]]
+              ) -> Record | Drop:
+        prepared, states = known
+        found = prepared.get(text_hash(record.value)) if prepared else None
+        if found is not None:
+            record = dataclasses.replace(
+                record, value=record.value if found.text is None else found.text,
+                pii=found.pii)
+            for step, state in zip(self.steps, states, strict=True):
+                step.reused(record, state)
+            return record
+        for step, state in zip(self.steps, states, strict=True):
+            judged = step.judge(record, state)
+            if not isinstance(judged, Record):
+                return judged
+            record = judged
+        return record
+
+    def tally(self, known: tuple[dict[bytes, Prepared], list[Any]]) -> None:
+        for step, state in zip(self.steps, known[1], strict=True):
+            step.tally(state)
 
 
 class IdentifyLanguage(OverlappedStep, DocumentStep):
@@ -206,16 +265,22 @@ def document_steps(config: KnowledgeConfig, curation: BranchCuration | None = No
     same steps (``KeyDocuments``), so a step added here is taken by both, and a blocked or
     filtered copy can never be the one that survives its cluster. The blocklist comes first (it
     costs a set lookup), the quality rules last: the first pass keys and tokenizes the text they
-    judge.
+    judge. With the first pass's ``token_cache``, the main pass takes normalisation and the
+    personal-data scan as one step that reuses the first pass's result (``ReuseFirstPass``).
     """
     curation = curation or BranchCuration()
     steps: list[tuple[str, DocumentStep]] = []
     if curation.urls.active:
         steps.append(("FilterBlockedUrls", FilterBlockedUrls(curation.urls)))
+    text_steps: list[tuple[str, DocumentStep]] = []
     if config.normalize is not None:
-        steps.append(("Normalize", NormalizeDocuments(config.normalize)))
+        text_steps.append(("Normalize", NormalizeDocuments(config.normalize)))
     if curation.pii.active:
-        steps.append(("RedactPersonalData", RedactPersonalData(curation.pii)))
+        text_steps.append(("RedactPersonalData", RedactPersonalData(curation.pii)))
+    if text_steps and token_cache is not None:
+        text_steps = [("And".join(label for label, _ in text_steps),
+                       ReuseFirstPass([step for _, step in text_steps], token_cache))]
+    steps += text_steps
     if curation.language.identify:
         steps.append(("IdentifyLanguage", IdentifyLanguage(curation.language)))
     if config.quality is not None:

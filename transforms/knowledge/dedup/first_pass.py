@@ -39,8 +39,8 @@ from transforms.knowledge.dedup.paragraphs import FindBoilerplate, chunk_rows, u
 from transforms.knowledge.documents import FilterQuality, document_steps
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import TextStats
-from transforms.knowledge.token_cache import cache_path, write_chunk
+from transforms.knowledge.quality import TextStats, text_hash
+from transforms.knowledge.token_cache import Prepared, cache_path, write_chunk
 
 TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
 SHARDS_PER_KEY_BUCKET = 4  # shards of up to 64 MiB: a bucket holds the keys of about 256 MiB
@@ -84,12 +84,13 @@ class KeyDocuments(BackgroundWriter):
         judged = [(record, found) for record in chunk.records
                   if (found := self.judge(record)) is not None]
         kept = [(record_key(record, self.file_numbers), stats)
-                for record, (stats, reason) in judged if reason is None]
+                for record, (stats, reason, _) in judged if reason is None]
         if judged and self.token_cache is not None:
             self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
-                       [stats.digest for _, (stats, _) in judged],
-                       [reason for _, (_, reason) in judged],
-                       [stats.text for _, stats in kept])
+                       [stats.digest for _, (stats, _, _) in judged],
+                       [reason for _, (_, reason, _) in judged],
+                       [stats.text for _, stats in kept],
+                       [prepared for _, (_, _, prepared) in judged])
         if not kept:
             return
         number = chunk_number(chunk.chunk_id)
@@ -106,28 +107,36 @@ class KeyDocuments(BackgroundWriter):
             if any(found for _, found in units):
                 yield beam.pvalue.TaggedOutput(UNITS, chunk_rows(units, number))
 
-    def judge(self, record: Record) -> tuple[TextStats, str | None] | None:
-        """The normalised document and its quality verdict (a reason code, or None to keep
-        it); None for a record that is not a knowledge document the main pass would judge."""
+    def judge(self, record: Record) -> tuple[TextStats, str | None, Prepared] | None:
+        """The normalised document, its quality verdict (a reason code, or None to keep it)
+        and what the text steps made of it; None for a record that is not a knowledge document
+        the main pass would judge."""
         routed = classify(record, self.specs[record.input_index])
         if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
             return None
-        record = routed[1]
+        record = source = routed[1]
+        reason = None
         for step in self.steps:
             # Nothing is known of a chunk before this pass: it is the one that writes the cache.
             if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
                 stats = TextStats(record.value)
-                return stats, step.verdict(stats, {})
+                reason = step.verdict(stats, {})
+                break
             judged = step.judge(record, None)
             if not isinstance(judged, Record):
                 return None
             record = judged
-        return TextStats(record.value), None
+        else:
+            stats = TextStats(record.value)
+        unchanged = record.value is source.value or record.value == source.value
+        prepared = Prepared(stats.digest if unchanged else text_hash(source.value),
+                            None if unchanged else record.value, record.pii)
+        return stats, reason, prepared
 
     def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
-               texts: list[str]) -> None:
+               texts: list[str], prepared: list[Prepared]) -> None:
         encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
-        write_chunk(path, digests, reasons, encoded)
+        write_chunk(path, digests, reasons, encoded, prepared)
 
 
 def key_buckets(shards: int, earlier_rows: int = 0) -> int:
