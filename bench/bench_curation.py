@@ -24,7 +24,7 @@ from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.curation.language import DEFAULT_SAMPLE_CHARS, identify
 from transforms.curation.pii import PiiConfig, redact
 from transforms.knowledge.dedup.config import BoilerplateConfig
-from transforms.knowledge.dedup.paragraphs import unit_hashes
+from transforms.knowledge.dedup.units import unit_hashes
 from transforms.knowledge.document_records import documents_table
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.normalize import NormalizeConfig, normalize_text

@@ -22,9 +22,8 @@ from transforms.knowledge.dedup.paragraphs import (
     keepers_in_bucket,
     remove_units,
     rows_by_bucket,
-    unit_hash,
-    unit_hashes,
 )
+from transforms.knowledge.dedup.units import unit_hash, unit_hashes
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.quality import quality_reason
 

@@ -11,6 +11,7 @@ from transforms.core.records import Record, RecordChunk
 from transforms.core.tokenizer import DEFAULT_TOKENIZER
 from transforms.knowledge import branch, documents
 from transforms.knowledge.branch import TokenizeDocuments
+from transforms.knowledge.dedup import text_keys
 from transforms.knowledge.documents import FilterQuality
 from transforms.knowledge.encoding import RawTextEncoder, raw_text_encoder
 from transforms.knowledge.quality import QualityConfig, text_hash
@@ -100,8 +101,9 @@ def test_with_deduplication_the_main_pass_encodes_and_judges_nothing_and_rows_ar
         tmp_path, encode_calls, monkeypatch):
     judged = []
     first_failure = documents.first_failure
-    monkeypatch.setattr(documents, "first_failure",
-                        lambda stats, config: judged.append(1) or first_failure(stats, config))
+    for module in (documents, text_keys):  # the main pass's rules, the first pass's
+        monkeypatch.setattr(module, "first_failure",
+                            lambda stats, config: judged.append(1) or first_failure(stats, config))
     rows = _run(tmp_path / "cached")
     # Only the first pass encoded (on its one background thread) and judged.
     assert encode_calls and all(parallel is False for _, parallel in encode_calls)

@@ -220,10 +220,10 @@ class OverlappedStep(ChunkStep):
         started, self._started = self._started, None
         if started is not None:
             for output in super().process(started):
-                yield _in_global_window(output)
+                yield in_global_window(output)
 
 
-def _in_global_window(output: Any) -> Any:
+def in_global_window(output: Any) -> Any:
     """An output of ``finish_bundle``, which Beam wants windowed (all our data is global)."""
     if isinstance(output, beam.pvalue.TaggedOutput):
         return beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))

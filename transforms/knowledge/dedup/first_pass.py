@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.classify import classify
+from transforms.core import helpers
 from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, ShardSpec
+from transforms.core.steps import Started, in_global_window
 from transforms.core.vocabulary import INSTRUCTION, KNOWLEDGE
 from transforms.curation.options import BranchCuration
 from transforms.io.read_inputs import ReadInputs
@@ -29,17 +32,16 @@ from transforms.knowledge.dedup.index import (
 )
 from transforms.knowledge.dedup.minhash import (
     DocumentKeys,
-    MinHasher,
     chunk_number,
-    document_keys,
     file_numbering,
     record_key,
 )
-from transforms.knowledge.dedup.paragraphs import FindBoilerplate, chunk_rows, unit_hashes
+from transforms.knowledge.dedup.paragraphs import FindBoilerplate, chunk_rows
+from transforms.knowledge.dedup.text_keys import KeyTexts, TextKeys
 from transforms.knowledge.documents import FilterQuality, document_steps
 from transforms.knowledge.encoding import raw_text_encoder
 from transforms.knowledge.options import KnowledgeConfig
-from transforms.knowledge.quality import TextStats, text_hash
+from transforms.knowledge.quality import text_hash
 from transforms.knowledge.token_cache import Prepared, cache_path, write_chunk
 
 TOKEN_CACHE = "token-cache"  # under the staging directory: the first pass's verdicts and ids
@@ -52,12 +54,14 @@ class KeyDocuments(BackgroundWriter):
     one batch per chunk: ``DocumentKeys`` unless ``--dedup=none``, and with boilerplate
     removal on, the packed rows of its paragraphs' hashes (tagged ``UNITS``).
 
-    It judges each record as the main pass does, by ``classify`` and the same document steps
+    It prepares each record as the main pass does, by ``classify`` and the same document steps
     (``document_steps``: those that may drop or change a document), but counts nothing: the
-    main pass does that. With a
-    ``token_cache`` directory it also writes each verdict and, encoded in the background on the
-    core this pass leaves idle, the kept documents' ids, for the main pass to reuse
-    (``transforms.knowledge.token_cache``).
+    main pass does that. The quality rules and the keys, which need only the prepared text
+    (``text_keys.KeyTexts``), run for a large chunk in helper processes while the main thread
+    prepares the next chunk, so a chunk's keys leave one element later (or at the end of the
+    bundle); the keys are the same either way. With a ``token_cache`` directory it also writes
+    each verdict, each prepared text and, encoded in the background, the kept documents' ids,
+    for the main pass to reuse (``transforms.knowledge.token_cache``).
     """
 
     def __init__(self, specs: Sequence[InputSpec], config: KnowledgeConfig,
@@ -69,74 +73,95 @@ class KeyDocuments(BackgroundWriter):
         self.file_numbers = {path: number for number, path in enumerate(files)}
         self.tokenizer = tokenizer
         self.token_cache = token_cache
-        self.steps = [step for _, step in document_steps(config, curation)
-                      if step.changes_documents]
+        steps = [step for _, step in document_steps(config, curation) if step.changes_documents]
+        self.steps = [step for step in steps if not isinstance(step, FilterQuality)]
+        self.key_texts = KeyTexts(config.quality, config.dedup if config.dedup.near else None,
+                                  config.boilerplate)
 
     def setup(self) -> None:
         super().setup()
         for step in self.steps:
             step.setup()
-        dedup_config = self.config.dedup
-        self.hasher = MinHasher(dedup_config.num_perm) if dedup_config.near else None
 
-    def process(self, chunk: RecordChunk
-                ) -> Iterator[tuple[DocumentKeys, ...] | beam.pvalue.TaggedOutput]:
-        judged = [(record, found) for record in chunk.records
-                  if (found := self.judge(record)) is not None]
-        kept = [(record_key(record, self.file_numbers), stats)
-                for record, (stats, reason, _) in judged if reason is None]
+    def start_bundle(self) -> None:
+        super().start_bundle()
+        self._started: Started | None = None
+
+    def process(self, chunk: RecordChunk) -> Iterator[Any]:
+        started, self._started = self._started, self.start(chunk)
+        if started is not None:
+            yield from self.finish(started)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        started, self._started = self._started, None
+        if started is not None:
+            for output in self.finish(started):
+                yield in_global_window(output)
+        super().finish_bundle()
+
+    def start(self, chunk: RecordChunk) -> Started:
+        """Prepares the chunk's documents and starts keying their texts."""
+        prepared = [found for record in chunk.records
+                    if (found := self.prepare(record)) is not None]
+        texts = [record.value for record, _ in prepared]
+        return Started((chunk, prepared),
+                       helpers.start_split(self.key_texts, texts, sum(map(len, texts))))
+
+    def finish(self, started: Started) -> Iterator[Any]:
+        """The chunk's keys and unit rows once its texts are keyed; its token cache file."""
+        chunk, prepared = started.chunk
+        judged = [(record, source, keys)
+                  for (record, source), keys in zip(prepared, started.handle(), strict=True)]
+        kept = [(record_key(record, self.file_numbers), record.value, keys)
+                for record, _, keys in judged if keys.reason is None]
         if judged and self.token_cache is not None:
             self.write(self._cache, cache_path(self.token_cache, chunk.chunk_id),
-                       [stats.digest for _, (stats, _, _) in judged],
-                       [reason for _, (_, reason, _) in judged],
-                       [stats.text for _, stats in kept],
-                       [prepared for _, (_, _, prepared) in judged])
+                       [keys.digest for _, _, keys in judged],
+                       [keys.reason for _, _, keys in judged],
+                       [text for _, text, _ in kept],
+                       [_prepared(record, source, keys) for record, source, keys in judged])
         if not kept:
             return
         number = chunk_number(chunk.chunk_id)
         if self.config.dedup.active:
             # one element per chunk: a shuffled element costs more than its keys
-            keys = tuple(document_keys(key, number, stats, self.config.dedup, self.hasher)
-                         for key, stats in kept)
+            found = tuple(DocumentKeys((*key, number, keys.digest), keys.bands, keys.signature)
+                          for key, _, keys in kept)
             if self.keys_dir is not None:
-                self.write(write_chunk_keys, keys_path(self.keys_dir, chunk.chunk_id), keys)
-            yield keys
-        boilerplate = self.config.boilerplate
-        if boilerplate is not None:
-            units = [(key, unit_hashes(stats.text, boilerplate)) for key, stats in kept]
+                self.write(write_chunk_keys, keys_path(self.keys_dir, chunk.chunk_id), found)
+            yield found
+        if self.config.boilerplate is not None:
+            units = [(key, keys.units) for key, _, keys in kept]
             if any(found for _, found in units):
                 yield beam.pvalue.TaggedOutput(UNITS, chunk_rows(units, number))
 
-    def judge(self, record: Record) -> tuple[TextStats, str | None, Prepared] | None:
-        """The normalised document, its quality verdict (a reason code, or None to keep it)
-        and what the text steps made of it; None for a record that is not a knowledge document
-        the main pass would judge."""
+    def prepare(self, record: Record) -> tuple[Record, Record] | None:
+        """The document as the steps before the quality rules leave it, and as classified;
+        None for a record that is not a knowledge document the main pass would judge."""
         routed = classify(record, self.specs[record.input_index])
         if isinstance(routed, Rejection) or routed[0] != KNOWLEDGE:
             return None
         record = source = routed[1]
-        reason = None
         for step in self.steps:
             # Nothing is known of a chunk before this pass: it is the one that writes the cache.
-            if isinstance(step, FilterQuality):  # the verdict is kept, with the text's stats
-                stats = TextStats(record.value)
-                reason = step.verdict(stats, {})
-                break
             judged = step.judge(record, None)
             if not isinstance(judged, Record):
                 return None
             record = judged
-        else:
-            stats = TextStats(record.value)
-        unchanged = record.value is source.value or record.value == source.value
-        prepared = Prepared(stats.digest if unchanged else text_hash(source.value),
-                            None if unchanged else record.value, record.pii)
-        return stats, reason, prepared
+        return record, source
 
     def _cache(self, path: str, digests: list[bytes], reasons: list[str | None],
                texts: list[str], prepared: list[Prepared]) -> None:
         encoded = raw_text_encoder(self.tokenizer).encode(texts, parallel=False)
         write_chunk(path, digests, reasons, encoded, prepared)
+
+
+def _prepared(record: Record, source: Record, keys: TextKeys) -> Prepared:
+    """What the text steps made of ``source``: found in the main pass by its text's hash (that
+    of the prepared text where they changed nothing)."""
+    if record.value is source.value or record.value == source.value:
+        return Prepared(keys.digest, None, record.pii)
+    return Prepared(text_hash(source.value), record.value, record.pii)
 
 
 def key_buckets(shards: int, earlier_rows: int = 0) -> int:

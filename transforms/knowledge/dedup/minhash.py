@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transforms.core.records import Record
 from transforms.knowledge.dedup.config import DedupConfig
 from transforms.knowledge.quality import TextStats, ngram_hashes
 from transforms.knowledge.words import mix
+
+if TYPE_CHECKING:  # records imports Beam, which the helpers that key texts never load
+    from transforms.core.records import Record
 
 # (input index, file number, position): orders the copies. Files are numbered in path order, so
 # this sorts like (input index, source, position) while every shuffled key stays a few ints.
@@ -128,8 +131,15 @@ def document_keys(key: RecordKey, chunk: int, stats: TextStats, config: DedupCon
     node = (*key, chunk, stats.digest)
     if hasher is None:
         return DocumentKeys(node)
+    return DocumentKeys(node, *near_keys(stats, config, hasher))
+
+
+def near_keys(stats: TextStats, config: DedupConfig, hasher: MinHasher
+              ) -> tuple[tuple[bytes, ...], bytes]:
+    """A document's LSH band keys and MinHash signature; none for a document without words,
+    which only an exact copy can match."""
     found = shingles(stats, config.ngram)
-    if not len(found):  # no words: only an exact copy can match it
-        return DocumentKeys(node)
+    if not len(found):
+        return (), b""
     signature = hasher.signature(found)
-    return DocumentKeys(node, band_keys(signature, config.bands), signature.tobytes())
+    return band_keys(signature, config.bands), signature.tobytes()

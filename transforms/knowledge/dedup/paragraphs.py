@@ -6,7 +6,7 @@ differ. CCNet (Wenzek et al., 2019) removes such paragraphs by hash; here a para
 the first document that holds it, by the run's order (input, file, position), and leaves all
 the others.
 
-Pass one hashes each kept document's *units* (``unit_hashes``): its paragraphs of at least
+Pass one hashes each kept document's *units* (``units.unit_hashes``): its paragraphs of at least
 ``min_chars`` characters, and with ``lines`` the long lines of its paragraphs of several
 lines. Each chunk sends one packed row per distinct unit: how many of its documents hold it
 and the first of them (``chunk_rows``), so a unit in every document costs one row per chunk,
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import re
 from collections.abc import Callable, Iterable, Iterator
 
 import apache_beam as beam
@@ -29,46 +27,14 @@ import numpy as np
 
 from transforms.knowledge.dedup.config import BoilerplateConfig
 from transforms.knowledge.dedup.minhash import RecordKey
+from transforms.knowledge.dedup.units import split_paragraphs, unit_hash
 
-# A blank line (spaces allowed) and any more after it: what separates two paragraphs.
-_BREAK = re.compile(r"(\n[^\S\n]*\n\s*)")
 # One row per distinct unit of a chunk: its hash, how many of the chunk's documents hold it,
 # the first of them (record key) and the chunk's number.
 _UNIT_ROW = np.dtype([("unit", "<u8"), ("documents", "<i8"), ("key", "<i8", (3,)),
                       ("chunk", "<i8")])
 # What the main pass learns for a chunk: (unit hash, the document that keeps it).
 Keeper = tuple[int, RecordKey]
-
-
-def unit_hash(text: str, min_chars: int) -> int | None:
-    """A 64-bit hash of a paragraph or line with its spacing collapsed; None when shorter than
-    ``min_chars``: too short to tell boilerplate from a common phrase."""
-    if len(text) < min_chars:  # collapsing spaces never lengthens a text
-        return None
-    key = " ".join(text.split())
-    if len(key) < min_chars:
-        return None
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
-
-
-def split_paragraphs(text: str) -> tuple[list[str], list[str]]:
-    """The paragraphs of a text and the breaks between them (one fewer), so that joining them
-    alternately gives the text back."""
-    parts = _BREAK.split(text)
-    return parts[0::2], parts[1::2]
-
-
-def unit_hashes(text: str, config: BoilerplateConfig) -> set[int]:
-    """The hashes of a document's units: its long paragraphs and, with ``lines``, the long
-    lines of its paragraphs of several lines."""
-    found = set()
-    for paragraph in split_paragraphs(text)[0]:
-        found.add(unit_hash(paragraph, config.min_chars))
-        if config.lines and "\n" in paragraph:
-            found.update(unit_hash(line, config.min_chars) for line in paragraph.split("\n"))
-    found.discard(None)
-    return found
 
 
 @dataclasses.dataclass(frozen=True)
