@@ -52,6 +52,16 @@ def test_peak_memory_counts_the_whole_process_tree():
     assert measured.cpu_s >= 0 and measured.others_cpu_s >= 0
 
 
+def test_cpu_counts_descendants_that_nobody_waits_for():
+    """A multiprocessing fork server's helpers are never waited for by the measured process,
+    so the kernel's count of waited-for children misses them; the polls must not."""
+    busy = "import time; end = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    parent = ("import os, subprocess, sys, time; "
+              f"subprocess.Popen([sys.executable, '-c', {busy!r}]); time.sleep(2.0); os._exit(0)")
+    measured = proc.run([sys.executable, "-c", parent], os.environ, os.getcwd(), "orphan")
+    assert measured.cpu_s > 0.8
+
+
 def test_a_failing_command_raises_with_its_output():
     with pytest.raises(RuntimeError, match="boom"):
         proc.run([sys.executable, "-c", "raise SystemExit('boom')"], os.environ, os.getcwd(),
