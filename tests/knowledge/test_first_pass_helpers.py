@@ -75,8 +75,17 @@ def test_a_run_whose_first_pass_keys_in_helpers_writes_the_same_rows(tmp_path, m
     assert knowledge["boilerplate"]["paragraphs_removed"] >= 3  # the footer, in all but one
     monkeypatch.undo()
     monkeypatch.setattr(helpers, "MIN_CHARS", 0)  # every chunk to the helpers
+    batches = []
+    start_split = helpers.start_split
+
+    def recorded(function, items, chars):
+        if isinstance(function, KeyTexts):
+            batches.append(len(items))
+        return start_split(function, items, chars)
+
+    monkeypatch.setattr(helpers, "start_split", recorded)
     helpers.close_helpers()
     in_helpers = _run(tmp_path / "helpers", crafted)
-    assert os.getpid() in helpers._POOLS
+    assert os.getpid() in helpers._POOLS and batches and max(batches) > 1  # went to helpers
     assert in_helpers[0].equals(here[0])
     assert in_helpers[1:] == here[1:]
