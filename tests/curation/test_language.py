@@ -15,12 +15,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.pvalue import TaggedOutput
 
 from beam_pipeline.options import config_from_options
 from beam_pipeline.running import run
 from bench.corpus import base_documents
 from tests.conftest import SHARED_DATA, require_shared_data
+from tests.support.steps import run_bundle
 from transforms.core import helpers
 from transforms.core.records import Record, RecordChunk
 from transforms.core.steps import base_kind, output_kind, partition_of, partitioned_id
@@ -100,29 +100,18 @@ def test_the_filter_drops_other_languages_and_low_scores_with_their_reasons():
              "Merci beaucoup, thank you, danke schön, gracias."]  # Esperanto, unsure
     records = tuple(Record("s", i, 0, text) for i, text in enumerate(texts))
     step = IdentifyLanguage(LanguageConfig(languages=("en", "eo", "ko"), min_score=0.65))
-    outputs = _run_bundle(step, RecordChunk("c", records))
+    outputs = run_bundle(step, RecordChunk("c", records))
     kept = outputs[0].records
     assert [(r.position, r.language) for r in kept] == [(0, "en"), (1, "ko")]
     assert all(r.language_score >= 0.65 for r in kept)
     dropped = {r["position"]: r["reason"] for r in outputs[1].value.table.to_pylist()}
     assert dropped == {2: LANGUAGE_NOT_SELECTED, 3: LOW_LANGUAGE_SCORE}
-    labelled = _run_bundle(IdentifyLanguage(LanguageConfig()), RecordChunk("c", records))
+    labelled = run_bundle(IdentifyLanguage(LanguageConfig()), RecordChunk("c", records))
     assert len(labelled[0].records) == len(records)  # without --languages nothing is dropped
     assert not IdentifyLanguage(LanguageConfig()).changes_documents  # first pass skips it
     judged = [step.judge(record, None) for record in records]  # the first pass's way
     assert [r.language for r in judged[:2]] == ["en", "ko"]
     assert [d.reason for d in judged[2:]] == [LANGUAGE_NOT_SELECTED, LOW_LANGUAGE_SCORE]
-
-
-def _run_bundle(step, *chunks):
-    """A step's outputs over one bundle of ``chunks``, as Beam calls it (an overlapped step's
-    last chunk leaves at the end of the bundle, windowed)."""
-    step.start_bundle()
-    outputs = [output for chunk in chunks for output in step.process(chunk)]
-    for windowed in step.finish_bundle() or ():
-        outputs.append(TaggedOutput(windowed.tag, windowed.value.value)
-                       if isinstance(windowed, TaggedOutput) else windowed.value)
-    return outputs
 
 
 def _batch() -> list[str]:

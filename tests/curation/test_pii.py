@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.conftest import EXAMPLES
+from tests.support.steps import run_bundle
 from transforms.core.records import Record, RecordChunk
 from transforms.curation.pii import (
     CARD_NUMBER,
@@ -125,7 +126,7 @@ def test_every_message_is_redacted_before_rendering_and_structure_stays():
          "reasoning_content": "The user is jane.doe@gmail.com."},
     ), tools)
     chunk = ConversationChunk("c", (_record(0, {}),), (conversation,))
-    outputs = list(RedactConversations(PiiConfig()).process(chunk))
+    outputs = run_bundle(RedactConversations(PiiConfig()), chunk)
     messages = outputs[0].conversations[0].messages
     assert [m["content"] for m in messages] == [
         "Escalate to <EMAIL>.", "My card is <CARD_NUMBER>.", "", '{"sent_from": "<IP_ADDRESS>"}',

@@ -18,6 +18,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from transforms.core import helpers
 from transforms.core.chunks import Chunk
 from transforms.core.fields import REASONING_CONTENT
 from transforms.core.lengths import source_example_counts, source_length_counts
@@ -53,7 +54,7 @@ from transforms.core.vocabulary import (
 from transforms.curation.decontam import Decontaminate
 from transforms.curation.mixing import MixSources
 from transforms.curation.options import BranchCuration
-from transforms.curation.pii import PiiConfig, count_found, redact_value
+from transforms.curation.pii import MessageRedactor, PiiConfig, count_found
 from transforms.curation.scores import FilterByScore, InstructionText, ScoreRecords
 from transforms.curation.splits import SplitOff, content_digest
 from transforms.instruction.adapters import Conversation, to_conversation
@@ -169,29 +170,36 @@ class AdaptConversations(ChunkStep):
             yield ConversationChunk(chunk.chunk_id, tuple(kept), tuple(conversations))
 
 
-class RedactConversations(ChunkStep):
+class RedactConversations(OverlappedStep):
     """Replaces (or, with ``tag``, only counts) personal data and secrets in every message's
     text: content, reasoning and tool-call arguments, of every role. It runs on the canonical
     messages before the chat template renders them, so the template's markup is never
-    touched; tool definitions are left as they are."""
+    touched; tool definitions are left as they are. A large chunk is searched in helper
+    processes (``transforms.core.helpers``) while the steps before prepare the next chunk
+    (``OverlappedStep``); the result is the same as in this process."""
 
     step_name = "pii"
 
     def __init__(self, config: PiiConfig):
         self.config = config
 
-    def run(self, chunk: ConversationChunk) -> Iterator[ConversationChunk]:
+    def start(self, chunk: ConversationChunk) -> Callable[[], list]:
+        batch = [conversation.messages for conversation in chunk.conversations]
+        return helpers.start_split(MessageRedactor(self.config), batch,
+                                   sum(map(len, conversation_texts(chunk))))
+
+    def run(self, started: Started) -> Iterator[ConversationChunk]:
+        chunk: ConversationChunk = started.chunk
         found: collections.Counter = collections.Counter()
         conversations = []
-        for conversation in chunk.conversations:
-            spans: collections.Counter = collections.Counter()
-            messages = tuple(redact_value(message, self.config, spans)
-                             for message in conversation.messages)
-            if spans:
-                found.update(spans)
-                found["examples"] += 1
-            conversations.append(dataclasses.replace(conversation, messages=messages)
-                                 if spans else conversation)
+        for conversation, redacted in zip(chunk.conversations, started.handle(), strict=True):
+            if redacted is None:
+                conversations.append(conversation)
+                continue
+            messages, spans = redacted
+            found.update(spans)
+            found["examples"] += 1
+            conversations.append(dataclasses.replace(conversation, messages=messages))
         for name, count in count_found(INSTRUCTION, found).items():
             self.count(name, count)
         yield ConversationChunk(chunk.chunk_id, chunk.records, tuple(conversations))
