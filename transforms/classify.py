@@ -7,14 +7,13 @@ and the PTransform only splits each chunk into the branch chunks.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 
 from transforms.core.fields import apply_field_map
-from transforms.core.records import InputSpec, Record, RecordChunk, Rejection
+from transforms.core.records import InputSpec, Record, RecordChunk, Rejection, replaced
 from transforms.core.steps import ChunkStep, StepOutput, apply_step
 from transforms.core.vocabulary import (
     EMPTY_RECORD,
@@ -51,7 +50,7 @@ def classify(record: Record, spec: InputSpec) -> tuple[str, Record] | Rejection:
     if spec.branch != KNOWLEDGE:
         fmt = instruction_format(value)
         if fmt is not None:
-            return INSTRUCTION, dataclasses.replace(record, value=value, format=fmt)
+            return INSTRUCTION, replaced(record, value=value, format=fmt)
         if spec.branch == INSTRUCTION:
             return Rejection.of(record, UNCLASSIFIABLE,
                                 "input declared branch=instruction but no instruction format "
@@ -78,7 +77,7 @@ def _knowledge(record: Record, text: str,
                url: str | None = None) -> tuple[str, Record] | Rejection:
     if not text.strip():
         return Rejection.of(record, EMPTY_RECORD, "document has no text")
-    return KNOWLEDGE, dataclasses.replace(record, value=text, format=TEXT_FORMAT, url=url)
+    return KNOWLEDGE, replaced(record, value=text, format=TEXT_FORMAT, url=url)
 
 
 class _Classify(ChunkStep):

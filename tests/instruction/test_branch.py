@@ -8,6 +8,7 @@ every example lands in a pack once.
 import collections
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -16,10 +17,10 @@ from transforms.core.steps import TailPlan
 from transforms.core.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 from transforms.core.vocabulary import IGNORE_INDEX, NO_ASSISTANT_TURN, REJECTED
 from transforms.instruction.adapters import to_conversation
-from transforms.instruction.branch import SFT, InstructionBranch
+from transforms.instruction.branch import SFT, InstructionBranch, trained_counts
 from transforms.instruction.chat_template import encode_conversations
 from transforms.instruction.options import InstructionConfig
-from transforms.instruction.rendering.values import MaskOptions
+from transforms.instruction.rendering.values import EncodedExample, MaskOptions
 
 SEQ_LEN = 256
 VALUES = [
@@ -71,3 +72,15 @@ def test_conversations_become_packed_segments_and_the_unanswered_one_is_rejected
         rejected = (tables | "Rejected" >> beam.Filter(lambda part: part.kind == REJECTED)
                     | beam.FlatMap(lambda part: part.table.column("reason").to_pylist()))
         assert_that(rejected, equal_to([NO_ASSISTANT_TURN]), label="rejected")
+
+
+def test_trained_counts_are_each_examples_labels_other_than_ignore_index():
+    tok = load_tokenizer(DEFAULT_TOKENIZER)
+    conversations = [to_conversation(value) for value in VALUES[:-1]]
+    examples = encode_conversations(tok, conversations, MaskOptions())
+    silent = EncodedExample(examples[0].input_ids, np.full(len(examples[0].labels), IGNORE_INDEX))
+    examples = [*examples, silent]
+    assert trained_counts(examples).tolist() == [
+        int(np.count_nonzero(e.labels != IGNORE_INDEX)) for e in examples]
+    assert trained_counts(examples)[-1] == 0 and min(trained_counts(examples)[:-1]) > 0
+    assert trained_counts([]).tolist() == []

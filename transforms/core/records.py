@@ -130,6 +130,20 @@ class Record:
 
 
 Origin = tuple[str, int, int]  # (source, position, input index): a record's provenance, compact
+_RECORD_FIELDS = frozenset(field.name for field in dataclasses.fields(Record))
+
+
+def replaced(record: Record, **changes: Any) -> Record:
+    """``dataclasses.replace(record, **changes)`` at an eighth of the cost (0.7 us instead of
+    5.4): a ``Record``'s ``__init__`` only stores its fields, so copying them is the same. The
+    branches make one or two per record."""
+    unknown = changes.keys() - _RECORD_FIELDS
+    if unknown:
+        raise TypeError(f"Record has no field(s) {', '.join(sorted(unknown))}")
+    copy = object.__new__(Record)
+    copy.__dict__.update(record.__dict__)
+    copy.__dict__.update(changes)
+    return copy
 
 
 @dataclasses.dataclass(frozen=True)

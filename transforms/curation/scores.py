@@ -23,7 +23,7 @@ from typing import Any
 import apache_beam as beam
 
 from transforms.core.chunks import Chunk
-from transforms.core.records import LABEL, Record, Rejection, strings_in
+from transforms.core.records import LABEL, Record, Rejection, replaced, strings_in
 from transforms.core.steps import ChunkStep
 from transforms.core.vocabulary import BRANCHES, FILTERED, LOW_QUALITY_SCORE
 
@@ -193,7 +193,7 @@ def chunk_texts(chunk: Any, text: Callable[..., str] | None) -> list[str]:
 
 def with_scores(chunk: Any, name: str, scores: Sequence[float]) -> Any:
     """``chunk`` with each record's score from model ``name`` added to ``Record.scores``."""
-    records = tuple(dataclasses.replace(record, scores=(*record.scores, (name, float(score))))
+    records = tuple(replaced(record, scores=(*record.scores, (name, float(score))))
                     for record, score in zip(chunk.records, scores, strict=True))
     return dataclasses.replace(chunk, records=records)
 

@@ -237,6 +237,8 @@ def _turn_reasoning(turn: dict, where: str) -> Any:
     """A turn's reasoning under whichever name its source gave it (``TURN_REASONING_FIELDS``:
     OpenAI-style ``reasoning_content``, harmony's ``thinking``, ``reasoning``); two that
     disagree are refused rather than one kept silently."""
+    if turn.keys().isdisjoint(TURN_REASONING_FIELDS):  # most turns: no reasoning at all
+        return None
     given = {name: turn[name] for name in TURN_REASONING_FIELDS if turn.get(name)}
     if len({str(v) for v in given.values()}) > 1:
         raise Drop(DUPLICATE_REASONING, f"{where}: reasoning given twice, as "

@@ -247,11 +247,10 @@ class EncodeConversations(OverlappedStep):
                 self.count("instruction.truncated")
                 self.count("instruction.truncated_tokens", result.tokens_cut)
         self.count("instruction.examples", len(kept))
-        self.count("instruction.tokens", sum(len(e.input_ids) for e in kept))
-        trained = np.fromiter((np.count_nonzero(e.labels != IGNORE_INDEX) for e in kept),
-                              np.int64, len(kept))
-        self.count("instruction.trained_tokens", int(trained.sum()))
         lengths = np.fromiter((len(e.input_ids) for e in kept), np.int64, len(kept))
+        self.count("instruction.tokens", int(lengths.sum()))
+        trained = trained_counts(kept)
+        self.count("instruction.trained_tokens", int(trained.sum()))
         indices = [origin[2] for origin in origins]
         for name, count in source_length_counts(INSTRUCTION, lengths, indices).items():
             self.count(name, count)
@@ -261,6 +260,18 @@ class EncodeConversations(OverlappedStep):
         if kept:
             yield EncodedChunk(chunk.chunk_id, tuple(kept), tuple(origins),
                                tuple(scores) if any(scores) else ())
+
+
+def trained_counts(examples: Sequence[EncodedExample]) -> np.ndarray:
+    """Each example's trained tokens (labels other than ``IGNORE_INDEX``), from one comparison
+    over the chunk's labels instead of one per example."""
+    sizes = np.fromiter((len(e.labels) for e in examples), np.int64, len(examples))
+    if not examples:
+        return sizes
+    trained = np.concatenate([e.labels for e in examples]) != IGNORE_INDEX
+    running = np.concatenate(([0], np.cumsum(trained, dtype=np.int64)))
+    ends = np.cumsum(sizes)
+    return running[ends] - running[ends - sizes]
 
 
 class WriteExamples(ChunkStep):

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from transforms.core.records import Record, RecordChunk, Rejection
+from transforms.core.records import Record, RecordChunk, Rejection, replaced
 from transforms.core.steps import ChunkStep, OverlappedStep, Started
 from transforms.core.vocabulary import (
     BOILERPLATE_TOO_SHORT,
@@ -112,7 +112,7 @@ class NormalizeDocuments(DocumentStep):
         text = normalize_text(record.value, self.config)
         if not text:
             return Drop(EMPTY_AFTER_NORMALIZATION, "no text left after normalisation")
-        return dataclasses.replace(record, value=text)
+        return replaced(record, value=text)
 
 
 class RedactPersonalData(DocumentStep):
@@ -131,7 +131,7 @@ class RedactPersonalData(DocumentStep):
         text, spans = redact(record.value, self.config)
         if not spans:
             return record
-        record = dataclasses.replace(record, value=text, pii=tuple(sorted(spans.items())))
+        record = replaced(record, value=text, pii=tuple(sorted(spans.items())))
         self.reused(record, found)
         return record
 
@@ -172,9 +172,8 @@ class ReuseFirstPass(DocumentStep):
         prepared, states = known
         found = prepared.get(text_hash(record.value)) if prepared else None
         if found is not None:
-            record = dataclasses.replace(
-                record, value=record.value if found.text is None else found.text,
-                pii=found.pii)
+            record = replaced(record, value=record.value if found.text is None else found.text,
+                              pii=found.pii)
             for step, state in zip(self.steps, states, strict=True):
                 step.reused(record, state)
             return record
@@ -228,7 +227,7 @@ class IdentifyLanguage(OverlappedStep, DocumentStep):
         if config.filters and score < config.min_score:
             return Drop(LOW_LANGUAGE_SCORE, f"{language} with score {score:.2f} < "
                         f"--min_language_score {config.min_score}")
-        return dataclasses.replace(record, language=language, language_score=score)
+        return replaced(record, language=language, language_score=score)
 
 
 class FilterQuality(DocumentStep):
@@ -348,7 +347,7 @@ class DropDuplicates(DocumentStep):
         known.removed.update(documents_changed=1, paragraphs_removed=removal.paragraphs,
                              lines_removed=removal.lines,
                              chars_removed=len(record.value) - len(removal.text))
-        return dataclasses.replace(record, value=removal.text)
+        return replaced(record, value=removal.text)
 
     def tally(self, known: ChunkWork) -> None:
         for name, count in known.removed.items():

@@ -240,6 +240,9 @@ def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[d
     (a stock template without tool support): training the turn would teach an empty reply, or
     calls to tools the model was never shown. Definitions must appear outside the trained
     spans, where the calls themselves name the tools."""
+    calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
+    if not tools and not calls:  # most conversations: nothing to look for
+        return
     untrained = "\0".join(full[a:b] for a, b in zip([0, *(b for _, b in spans)],
                                                    [*(a for a, _ in spans), len(full)],
                                                    strict=True))
@@ -249,7 +252,6 @@ def _check_tools_rendered(full: str, spans: list[tuple[int, int]], tools: list[d
         raise Drop(TOOLS_NOT_RENDERED, f"the chat template does not render the tool "
                             f"definitions ({', '.join(missing)})")
     trained_text = "\0".join(full[a:b] for a, b in spans)
-    calls = [c["function"]["name"] for m in trained for c in m.get("tool_calls") or ()]
     if any(name not in trained_text for name in calls):
         raise Drop(TOOLS_NOT_RENDERED, "the chat template does not render the assistant's "
                             "tool calls in its reply")

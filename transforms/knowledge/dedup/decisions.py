@@ -12,7 +12,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.core.records import Record
+from transforms.core.records import Record, replaced
 from transforms.core.vocabulary import DUPLICATE_EARLIER_RUN, Drop
 from transforms.io.writers import read_arrow, write_arrow
 from transforms.knowledge.dedup.components import Decision
@@ -167,4 +167,4 @@ class ChunkDecisions:
         found = self.survivors.get(record_key(record, file_numbers))
         if found is None or found[0] != text_hash(record.value):
             return record
-        return dataclasses.replace(record, duplicates=found[1])
+        return replaced(record, duplicates=found[1])
