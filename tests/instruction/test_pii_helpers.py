@@ -4,14 +4,13 @@ examples, without the shared datasets."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 
 from beam_pipeline.running import run
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES
 from tests.curation.test_pii import LOOK_ALIKES, PLANTED
+from tests.support.helper_processes import heavy_modules_loaded_by, send_every_batch_to_helpers
 from transforms.core import helpers
 from transforms.curation.pii import MessageRedactor, PiiConfig
 
@@ -44,12 +43,7 @@ def test_helpers_redact_conversations_as_the_calling_process_does(monkeypatch):
 
 
 def test_a_helper_redacting_loads_no_beam():
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, transforms.curation.pii; "
-         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-         "('apache_beam', 'pyarrow', 'transformers')))"],
-        cwd=ROOT, check=True, capture_output=True, text=True)
-    assert loaded.stdout.strip() == "[]"
+    assert heavy_modules_loaded_by("transforms.curation.pii") == []
 
 
 def _run(output, chats):
@@ -69,17 +63,7 @@ def test_a_run_that_redacts_in_helpers_writes_the_same_rows(tmp_path, monkeypatc
     found = here[2]["personal_data"]["instruction"]
     assert found["records"] == len(PLANTED) and all(found["by_kind"].values())
     monkeypatch.undo()
-    monkeypatch.setattr(helpers, "MIN_CHARS", 0)  # every chunk to the helpers
-    batches = []
-    start_split = helpers.start_split
-
-    def recorded(function, items, chars):
-        if isinstance(function, MessageRedactor):
-            batches.append(len(items))
-        return start_split(function, items, chars)
-
-    monkeypatch.setattr(helpers, "start_split", recorded)
-    helpers.close_helpers()
+    batches = send_every_batch_to_helpers(monkeypatch, MessageRedactor)
     in_helpers = _run(tmp_path / "helpers", chats)
     assert os.getpid() in helpers._POOLS and batches and max(batches) > 1  # went to helpers
     assert in_helpers[0].equals(here[0]) and in_helpers[1].equals(here[1])

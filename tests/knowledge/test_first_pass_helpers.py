@@ -4,13 +4,12 @@ examples, without the shared datasets."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 
 from beam_pipeline.running import run
 from tests.conftest import ROOT
+from tests.support.helper_processes import heavy_modules_loaded_by, send_every_batch_to_helpers
 from transforms.core import helpers
 from transforms.knowledge.dedup.config import BoilerplateConfig, DedupConfig
 from transforms.knowledge.dedup.text_keys import KeyTexts
@@ -39,12 +38,7 @@ def test_helpers_key_texts_as_the_calling_process_does(monkeypatch):
 
 
 def test_a_helper_keying_texts_loads_no_beam():
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, transforms.knowledge.dedup.text_keys; "
-         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-         "('apache_beam', 'pyarrow', 'transformers')))"],
-        cwd=ROOT, check=True, capture_output=True, text=True)
-    assert loaded.stdout.strip() == "[]"
+    assert heavy_modules_loaded_by("transforms.knowledge.dedup.text_keys") == []
 
 
 def _run(output, crafted):
@@ -74,17 +68,7 @@ def test_a_run_whose_first_pass_keys_in_helpers_writes_the_same_rows(tmp_path, m
     assert knowledge["dropped"]["duplicate_exact"] >= 1  # the copy
     assert knowledge["boilerplate"]["paragraphs_removed"] >= 3  # the footer, in all but one
     monkeypatch.undo()
-    monkeypatch.setattr(helpers, "MIN_CHARS", 0)  # every chunk to the helpers
-    batches = []
-    start_split = helpers.start_split
-
-    def recorded(function, items, chars):
-        if isinstance(function, KeyTexts):
-            batches.append(len(items))
-        return start_split(function, items, chars)
-
-    monkeypatch.setattr(helpers, "start_split", recorded)
-    helpers.close_helpers()
+    batches = send_every_batch_to_helpers(monkeypatch, KeyTexts)
     in_helpers = _run(tmp_path / "helpers", crafted)
     assert os.getpid() in helpers._POOLS and batches and max(batches) > 1  # went to helpers
     assert in_helpers[0].equals(here[0])
