@@ -140,7 +140,7 @@ def replaced(record: Record, **changes: Any) -> Record:
     unknown = changes.keys() - _RECORD_FIELDS
     if unknown:
         raise TypeError(f"Record has no field(s) {', '.join(sorted(unknown))}")
-    copy = object.__new__(Record)
+    copy = object.__new__(type(record))
     copy.__dict__.update(record.__dict__)
     copy.__dict__.update(changes)
     return copy
