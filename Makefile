@@ -10,11 +10,10 @@ CONSTRAINTS := -c constraints.txt
 
 setup: $(DEV_STAMP)
 
-# What the pipeline itself needs, and matplotlib for the data report (the `report` extra in
-# setup.py, pinned by constraints.txt): enough for `make demo`.
+# What the pipeline itself needs (the data report included): enough for `make demo`.
 $(RUN_STAMP): requirements.txt constraints.txt setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt matplotlib $(CONSTRAINTS)
+	$(PY) -m pip install --quiet -r requirements.txt $(CONSTRAINTS)
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 

@@ -23,8 +23,5 @@ setup(
                                     "transforms.*"]),
     package_data={"transforms.instruction": ["schemas/*.pbtxt", "templates/*.jinja"]},
     install_requires=requirements(),
-    # The data report's plots (beam_pipeline/report.py): local runs only, so Dataflow workers,
-    # which install install_requires alone, never need it. Pinned as in constraints.txt.
-    extras_require={"report": ["matplotlib==3.10.9"]},
     entry_points={"console_scripts": ["beam-dataprep=beam_pipeline.cli:main"]},
 )

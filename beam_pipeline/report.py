@@ -4,12 +4,9 @@ Data engineers judge a training set by looking at it: what was dropped and why, 
 records are, how much of each example is trained, how full the packs are, whether the mix hit
 its targets. The page is built from ``manifest.json`` and the Parquet outputs alone (read a row
 group at a time into fixed histograms, so memory does not grow with the data), with plots
-embedded as SVG images: it opens with no network and runs no script.
+embedded as SVG images (``charts.py``): it opens with no network and runs no script.
 
     python -m beam_pipeline.report OUTPUT     # rebuilds OUTPUT/report.html and OUTPUT/README.md
-
-matplotlib is an optional extra (``pip install 'beam-llm-dataprep[report]'``), so Dataflow
-workers never need it; without it a run still finishes and says how to get the report.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ import base64
 import collections
 import dataclasses
 import html
-import io
 import math
-import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,13 +28,13 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.card import write_card
+from beam_pipeline.charts import Panel, figure
 from transforms.core.lengths import SHORT_REPLY_TOKENS
 from transforms.core.steps import base_kind
 from transforms.core.vocabulary import BOILERPLATE_TOO_SHORT, IGNORE_INDEX
 from transforms.io.earlier_runs import REPORT_NAME, REPORT_TAG, check_card_place
 from transforms.io.manifest import read_manifest
 
-INSTALL_HINT = "pip install 'beam-llm-dataprep[report]'"  # or: pip install matplotlib
 # (id, title): every section is always present; one without data says why.
 SECTIONS = (
     ("overview", "Overview"),
@@ -60,10 +55,6 @@ SHARE_BINS = np.linspace(0.0, 1.0, 21)  # trained share and pack fill, in 5% ste
 LENGTH_BINS = 32  # SFT example lengths: equal bins from 0 to seq_len
 COLORS = {"kept": "#4c9a2a", "filtered": "#e0a030", "rejected": "#c0392b",
           "target": "#999999", "share": "#2e6fb0"}
-
-
-class ReportUnavailable(RuntimeError):
-    """The plotting library is not installed."""
 
 
 # --------------------------------------------------------------------------- reading outputs
@@ -159,120 +150,33 @@ def _paths(output_dir: str, manifest: Mapping, kind: str) -> list[str]:
 # --------------------------------------------------------------------------- plots
 
 
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ReportUnavailable(f"the report needs matplotlib: {INSTALL_HINT}") from error
-    matplotlib.use("Agg")
-    matplotlib.rcParams.update({"svg.hashsalt": "beam-llm-dataprep", "svg.fonttype": "none",
-                                "font.size": 9, "axes.spines.top": False,
-                                "axes.spines.right": False})
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _figure(plt: Any, draw, width: float = 7.5, height: float = 3.0, columns: int = 1) -> str:
-    """Draws with ``draw(axes...)`` and returns an <img> holding the SVG (no shared ids)."""
-    fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
-    draw(*axes[0])
-    _fit(fig, list(axes[0]))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="svg", metadata={"Date": None})
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+def _figure(draw, width: float = 7.5, height: float = 3.0, columns: int = 1) -> str:
+    """Draws with ``draw(panels...)`` and returns an <img> holding the SVG."""
+    panels = [Panel() for _ in range(columns)]
+    draw(*panels)
+    data = base64.b64encode(figure(panels, width, height).encode("utf-8")).decode("ascii")
     return f'<img class="plot" alt="" src="data:image/svg+xml;base64,{data}">'
 
 
-# Margins are estimated from the labels' lengths instead of measured: matplotlib's constrained
-# layout measured every label's extent and drew each figure twice, which was a third of the
-# report's cost and a large part of a small run's start-up. An average DejaVu Sans character
-# is about 0.55 em wide; 0.62 leaves room for wide letters and digits.
-_EM_PER_CHAR = 0.62
-_PAD = 0.08  # inches around and between the parts
-_MATH = re.compile(r"\\mathdefault|[${}\\]")  # log axes' labels are mathtext: 10^{2}
+def _bars(panel: Panel, labels: Sequence[str], values: Sequence[float], title: str,
+          color: str, xlabel: str = "") -> None:
+    panel.bars(labels, values, color)
+    panel.title, panel.xlabel = title, xlabel
 
 
-def _label_inches(texts: Sequence[Any], size: float) -> tuple[float, float]:
-    """The widest (x extent, y extent) in inches of rotated tick labels, by character count."""
-    wide = tall = 0.0
-    for text in texts:
-        chars = len(_MATH.sub("", text.get_text()))
-        if not chars:
-            continue
-        across, line = chars * _EM_PER_CHAR * size / 72, 1.25 * size / 72
-        turn = math.radians(text.get_rotation())
-        wide = max(wide, abs(across * math.cos(turn)) + abs(line * math.sin(turn)))
-        tall = max(tall, abs(across * math.sin(turn)) + abs(line * math.cos(turn)))
-    return wide, tall
-
-
-def _margins(ax: Any) -> tuple[float, float, float, float]:
-    """Inches each axes needs outside its frame: left, right, bottom, top."""
-    size = ax.xaxis.label.get_size()
-    label = 1.4 * size / 72
-    left = _PAD + 0.06 + _label_inches(ax.yaxis.get_majorticklabels(), size)[0]
-    bottom = _PAD + 0.06 + _label_inches(ax.xaxis.get_majorticklabels(), size)[1]
-    left += label if ax.get_ylabel() else 0
-    bottom += label if ax.get_xlabel() else 0
-    titled = any(ax.get_title(loc=where) for where in ("left", "center", "right"))
-    top = _PAD + (1.5 * ax.title.get_size() / 72 if titled else 0)
-    right = _PAD + 0.1
-    legend = ax.get_legend()
-    if legend is not None and legend.get_bbox_to_anchor().x0 >= ax.bbox.x1 - 1:  # outside
-        texts = legend.get_texts()
-        right += 0.5 + max(len(t.get_text()) for t in texts) * _EM_PER_CHAR * \
-            texts[0].get_size() / 72
-    return left, right, bottom, top
-
-
-def _fit(fig: Any, axes: Sequence[Any]) -> None:
-    """Frames side by side, each with room for its labels, title and an outside legend."""
-    width, height = fig.get_size_inches()
-    left, right, bottom, top = (max(values) for values in zip(*map(_margins, axes), strict=True))
-    # A label too long for the figure (a 200-character host name) is cut, not an error.
-    left, right = min(left, 0.4 * width), min(right, 0.3 * width)
-    count = len(axes)
-    frame = max((width - count * (left + right)) / count, 0.5)
-    fig.subplots_adjust(left=left / width, right=1 - right / width,
-                        bottom=min(bottom / height, 0.6), top=max(1 - top / height, 0.65),
-                        wspace=(left + right) / frame)
-
-
-def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str, color: str,
-          xlabel: str = "") -> None:
-    ax.bar(range(len(values)), values, color=color)
-    crowded = sum(len(label) + 1 for label in labels) > 36  # would overlap in a half width
-    ax.set_xticks(range(len(values)), labels, rotation=45 if crowded else 0,
-                  ha="right" if crowded else "center")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-
-
-def _hbars(ax: Any, labels: Sequence[str], values: Sequence[float], title: str,
+def _hbars(panel: Panel, labels: Sequence[str], values: Sequence[float], title: str,
            color: str | Sequence[str], xlabel: str) -> None:
-    """Horizontal bars, the first label on top: for names too long or too many to stand
-    under vertical bars (reasons, sources, domains)."""
-    ax.barh(list(labels)[::-1], list(values)[::-1],
-            color=color if isinstance(color, str) else list(color)[::-1])
-    ax.set_xlim(left=0)  # all-zero values would otherwise centre the axis on 0
-    _integer_ticks(ax.xaxis)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-
-
-def _integer_ticks(axis: Any) -> None:
-    """Ticks on whole numbers: half a document or half a pack is not a count."""
-    from matplotlib.ticker import MaxNLocator  # matplotlib is optional: imported when drawing
-
-    axis.set_major_locator(MaxNLocator(integer=True, nbins="auto"))  # as many as fit
+    """Lying bars, the first label on top: for names too long or too many to stand under
+    upright bars (reasons, sources, domains)."""
+    panel.hbars(labels, values, color)
+    panel.whole_x = True
+    panel.title, panel.xlabel = title, xlabel
 
 
 MAX_COUNT_BARS = 60  # above this many distinct values, counts are binned in equal integer widths
 
 
-def _count_bars(ax: Any, counts: Mapping[int, int], title: str, color: str,
+def _count_bars(panel: Panel, counts: Mapping[int, int], title: str, color: str,
                 xlabel: str) -> None:
     """How many rows have each value of an integer quantity, on a numeric x axis: a bar per
     value while they are few, bins of equal integer width once hundreds of values would make
@@ -283,10 +187,10 @@ def _count_bars(ax: Any, counts: Mapping[int, int], title: str, color: str,
     width = math.ceil(span / MAX_COUNT_BARS)
     edges = low - 0.5 + width * np.arange(math.ceil(span / width) + 1)  # values mid-bin
     heights = np.histogram(values, edges, weights=rows)[0]
-    ax.bar(edges[:-1], heights, width=width, align="edge", color=color)
-    _integer_ticks(ax.xaxis)
-    ax.set_title(title if width == 1 else f"{title} (bins of {width})")
-    ax.set_xlabel(xlabel)
+    panel.columns(edges[:-1].tolist(), heights.tolist(), width, color)
+    panel.whole_x = True
+    panel.title = title if width == 1 else f"{title} (bins of {width})"
+    panel.xlabel = xlabel
 
 
 def _share_labels() -> list[str]:
@@ -340,33 +244,32 @@ def _overview(manifest: Mapping, sft: PackStats) -> str:
     return warnings + _table(None, rows)
 
 
-def _records(plt: Any, manifest: Mapping) -> str:
+def _records(manifest: Mapping) -> str:
     records = manifest["records"]
     reasons = ([(k, v, "rejected") for k, v in records["rejected"].items()]
                + [(k, v, "filtered") for k, v in records["filtered"].items()])
     reasons.sort(key=lambda r: -r[1])
     parts = []
     if reasons:
-        def by_reason(ax):
-            _hbars(ax, [r[0] for r in reasons], [r[1] for r in reasons],
+        def by_reason(panel):
+            _hbars(panel, [r[0] for r in reasons], [r[1] for r in reasons],
                    "records dropped, by reason (red: rejected, amber: filtered)",
                    [COLORS[r[2]] for r in reasons], "records")
-        parts.append(_figure(plt, by_reason, height=0.6 + 0.25 * len(reasons)))
+        parts.append(_figure(by_reason, height=0.6 + 0.25 * len(reasons)))
     inputs = manifest["inputs"]
     names = [_source_name(entry) for entry in inputs]
     rejected = [sum(e["rejected"].values()) for e in inputs]
     filtered = [sum(e["filtered"].values()) for e in inputs]
     kept = [e["read"] - r - f for e, r, f in zip(inputs, rejected, filtered, strict=True)]
 
-    def by_input(ax):
+    def by_input(panel):
         left = np.zeros(len(inputs))
         for label, values in (("kept", kept), ("filtered", filtered), ("rejected", rejected)):
-            ax.barh(names[::-1], values[::-1], left=left[::-1], color=COLORS[label], label=label)
+            panel.hbars(names, values, COLORS[label], starts=left.tolist(), key=label)
             left += values
-        ax.set_title("records by input")
-        ax.set_xlabel("records")
-        ax.legend(loc="lower right")
-    parts.append(_figure(plt, by_input, height=0.9 + 0.3 * len(inputs)))
+        panel.whole_x = True
+        panel.title, panel.xlabel, panel.legend = "records by input", "records", "lower right"
+    parts.append(_figure(by_input, height=0.9 + 0.3 * len(inputs)))
     rows = [(e["pattern"], e.get("name") or "", e["read"], k, f, r,
              _reasons({**e["rejected"], **e["filtered"]}), e.get("file_count", ""),
              _reasons(e.get("skipped", {})))
@@ -397,59 +300,54 @@ def _histogram_labels(histogram: Mapping[str, int]) -> tuple[list[str], list[int
     return [key.removeprefix("<=") for key in histogram], list(histogram.values())
 
 
-def _sft_lengths(ax: Any, sft: PackStats) -> None:
+def _sft_lengths(panel: Panel, sft: PackStats) -> None:
     """SFT example lengths with a marker at ``seq_len``, where truncated examples pile up.
     The count axis is logarithmic: a few long conversations beside thousands of short ones
     would otherwise be invisible bars. The length axis stays linear, in equal bins up to
     ``seq_len``, so that the room left below the marker reads as tokens."""
     if not sft.examples:
-        ax.set_title("SFT: no examples")
+        panel.title = "SFT: no examples"
         return
     edges = sft.length_edges
-    ax.bar(edges[:-1], sft.example_lengths, width=np.diff(edges), align="edge",
-           color=COLORS["kept"])
-    ax.axvline(sft.seq_len, color=COLORS["rejected"], linestyle="--",
-               label=f"seq_len {sft.seq_len:,}")
-    ax.set_yscale("log")
-    ax.set_title(f"SFT examples as packed ({sft.examples:,})")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("examples (log)")
-    ax.legend(loc="upper right")
+    panel.columns(edges[:-1].tolist(), sft.example_lengths.tolist(), np.diff(edges).tolist(),
+                  COLORS["kept"])
+    panel.mark(sft.seq_len, COLORS["rejected"], f"seq_len {sft.seq_len:,}")
+    panel.log_y = True
+    panel.title = f"SFT examples as packed ({sft.examples:,})"
+    panel.xlabel, panel.ylabel = "tokens", "examples (log)"
 
 
-def _lengths(plt: Any, manifest: Mapping, sft: PackStats) -> str:
+def _lengths(manifest: Mapping, sft: PackStats) -> str:
     parts = []
     know = manifest["knowledge"]["document_tokens"]
     if know["histogram"] or sft.examples:
-        def per_branch(ax_know, ax_sft):
+        def per_branch(knowledge, packed):
             if know["histogram"]:
                 labels, values = _histogram_labels(know["histogram"])
-                _bars(ax_know, labels, values, "knowledge documents (tokens, up to)",
+                _bars(knowledge, labels, values, "knowledge documents (tokens, up to)",
                       COLORS["share"], "tokens")
             else:
-                ax_know.set_title("knowledge: no documents")
-            _sft_lengths(ax_sft, sft)
-        parts.append(_figure(plt, per_branch, columns=2))
+                knowledge.title = "knowledge: no documents"
+            _sft_lengths(packed, sft)
+        parts.append(_figure(per_branch, columns=2))
     sources = [(_source_name(e), branch, found)
                for e in manifest["inputs"]
                for branch, found in e.get("tokenized", {}).items()]
     if sources:
-        def per_source(ax):
+        def per_source(panel):
             bounds = sorted({int(k.removeprefix("<=")) for _, _, f in sources
                              for k in f["histogram"]})
             for name, branch, found in sources:
                 counts = [found["histogram"].get(f"<={b}", 0) for b in bounds]
                 total = sum(counts) or 1
-                ax.plot(range(len(bounds)), [c / total for c in counts], marker="o",
-                        linestyle="-" if branch == "knowledge" else "--",
-                        label=f"{name} ({branch})")
-            ax.set_xticks(range(len(bounds)), [str(b) for b in bounds])
-            ax.set_xlabel("tokens, up to")
-            ax.set_ylabel("share of the source's records")
-            ax.set_title("length distribution per source (solid: knowledge, dashed: instruction)",
-                         loc="left")  # wider than the frame, which leaves room for the legend
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        parts.append(_figure(plt, per_source, height=3.4))
+                panel.line([c / total for c in counts], dashed=branch != "knowledge",
+                           key=f"{name} ({branch})")
+            panel.x_labels = [str(b) for b in bounds]
+            panel.xlabel, panel.ylabel = "tokens, up to", "share of the source's records"
+            # wider than the frame, which leaves room for the legend
+            panel.title = "length distribution per source (solid: knowledge, dashed: instruction)"
+            panel.title_left, panel.legend, panel.legend_font = True, "outside", 7
+        parts.append(_figure(per_source, height=3.4))
         parts.append(_table(("source", "branch", "records tokenized", "tokens", "mean"), [
             (name, branch, f["records"], f["tokens"],
              round(f["tokens"] / f["records"], 1) if f["records"] else None)
@@ -459,21 +357,21 @@ def _lengths(plt: Any, manifest: Mapping, sft: PackStats) -> str:
     return "".join(parts) or _none("no tokens were produced")
 
 
-def _trained_share(plt: Any, manifest: Mapping, sft: PackStats) -> str:
+def _trained_share(manifest: Mapping, sft: PackStats) -> str:
     if not sft.examples:
         return _none("no SFT examples were written")
 
-    def draw(ax):
-        _bars(ax, _share_labels(), sft.trained_share, "examples by share of their tokens "
+    def draw(panel):
+        _bars(panel, _share_labels(), sft.trained_share, "examples by share of their tokens "
               "that carry loss", COLORS["share"], "% of the example's tokens trained (up to)")
     methods = ", ".join(f"{k} {v:,}" for k, v in manifest["instruction"]["mask_methods"].items()
                         if v)
-    return _figure(plt, draw) + _table(None, [
+    return _figure(draw) + _table(None, [
         ("trained tokens of all SFT tokens written", sft.trained / sft.tokens),
-        ("loss-mask methods used", methods or "none")]) + _sft_sources(plt, manifest)
+        ("loss-mask methods used", methods or "none")]) + _sft_sources(manifest)
 
 
-def _sft_sources(plt: Any, manifest: Mapping) -> str:
+def _sft_sources(manifest: Mapping) -> str:
     """Per ``--input``, the share of its tokens that carry loss and its examples truncated at
     ``seq_len``: a source that trains on little of its text, or loses its long conversations,
     stands out. Counted as tokenized, before the validation split and mixing."""
@@ -485,36 +383,36 @@ def _sft_sources(plt: Any, manifest: Mapping) -> str:
         return ""
     names = [name for name, _ in sources]
 
-    def draw(ax_trained, ax_truncated):
-        _hbars(ax_trained, names, [100 * f["trained_tokens"] / f["tokens"] for _, f in sources],
+    def draw(trained, truncated):
+        _hbars(trained, names, [100 * f["trained_tokens"] / f["tokens"] for _, f in sources],
                "trained share of each source's tokens", COLORS["share"], "% of tokens")
-        _hbars(ax_truncated, names, [100 * f["truncated"] / f["records"] for _, f in sources],
+        _hbars(truncated, names, [100 * f["truncated"] / f["records"] for _, f in sources],
                "truncated at seq_len", COLORS["rejected"], "% of the source's examples")
     rows = [(name, f["records"], f["tokens"], f["trained_tokens"],
              f["trained_tokens"] / f["tokens"], f["truncated"], f["truncated_tokens"],
              f["short_replies"]) for name, f in sources]
-    return (_figure(plt, draw, height=0.9 + 0.3 * len(sources), columns=2)
+    return (_figure(draw, height=0.9 + 0.3 * len(sources), columns=2)
             + _table(("source", "examples", "tokens", "trained tokens", "trained share",
                       "truncated", "tokens cut", f"replies of <= {SHORT_REPLY_TOKENS} tokens"),
                      rows))
 
 
-def _packing(plt: Any, manifest: Mapping, sft: PackStats, pieces: collections.Counter) -> str:
+def _packing(manifest: Mapping, sft: PackStats, pieces: collections.Counter) -> str:
     parts = []
     if sft.packs:
-        def draw(ax_fill, ax_segments):
-            _bars(ax_fill, _share_labels(), sft.fill, "packs by fill", COLORS["kept"],
+        def draw(fill, segments):
+            _bars(fill, _share_labels(), sft.fill, "packs by fill", COLORS["kept"],
                   "% of seq_len holding example tokens (up to)")
-            _count_bars(ax_segments, sft.segments_per_pack, "packs by examples per pack",
+            _count_bars(segments, sft.segments_per_pack, "packs by examples per pack",
                         COLORS["share"], "examples")
-        parts.append(_figure(plt, draw, columns=2))
+        parts.append(_figure(draw, columns=2))
     else:
         parts.append(_none("no SFT packs were written"))
     if pieces:
-        def draw_blocks(ax):
-            _count_bars(ax, pieces, "pretraining blocks by document pieces per block",
+        def draw_blocks(panel):
+            _count_bars(panel, pieces, "pretraining blocks by document pieces per block",
                         COLORS["share"], "pieces")
-        parts.append(_figure(plt, draw_blocks, height=2.6))
+        parts.append(_figure(draw_blocks, height=2.6))
     inst, know = manifest["instruction"], manifest["knowledge"]
     parts.append(_table(None, [
         ("SFT packing efficiency", inst["packing_efficiency"]),
@@ -527,27 +425,24 @@ def _packing(plt: Any, manifest: Mapping, sft: PackStats, pieces: collections.Co
     return "".join(parts)
 
 
-def _mixing(plt: Any, manifest: Mapping) -> str:
+def _mixing(manifest: Mapping) -> str:
     mixing = manifest.get("mixing")
     if not mixing:
         return _none("no input declared a weight, so the sources were not mixed")
     branches = [b for b in ("knowledge", "instruction") if b in mixing]
 
-    def draw(*axes):
-        for ax, branch in zip(axes, branches, strict=True):
+    def draw(*panels):
+        for panel, branch in zip(panels, branches, strict=True):
             names = list(mixing[branch])
-            x = np.arange(len(names))
-            ax.bar(x - 0.2, [mixing[branch][n]["target_share"] or 0 for n in names], 0.4,
-                   color=COLORS["target"], label="target")
-            ax.bar(x + 0.2, [mixing[branch][n]["share"] for n in names], 0.4,
-                   color=COLORS["share"], label="reached")
-            ax.set_xticks(x, names)
-            ax.set_title(f"{branch}: share of tokens")
-            ax.legend()
+            panel.bars(names, [mixing[branch][n]["target_share"] or 0 for n in names],
+                       COLORS["target"], shift=-0.2, width=0.4, key="target")
+            panel.bars(names, [mixing[branch][n]["share"] for n in names], COLORS["share"],
+                       shift=0.2, width=0.4, key="reached")
+            panel.title = f"{branch}: share of tokens"
     rows = [(branch, name, s["target_share"], s["share"], s["records_in"], s["records_out"],
              s["tokens_in"], s["tokens_out"])
             for branch in branches for name, s in mixing[branch].items()]
-    return (_figure(plt, draw, columns=len(branches))
+    return (_figure(draw, columns=len(branches))
             + f"<p>scale {html.escape(str(mixing['scale']))}, seed "
               f"{html.escape(str(mixing['seed']))}</p>"
             + _table(("branch", "source", "target", "reached", "records in", "records out",
@@ -584,7 +479,7 @@ def _boilerplate(manifest: Mapping) -> str:
 LANGUAGES_DRAWN = 20
 
 
-def _languages(plt: Any, manifest: Mapping) -> str:
+def _languages(manifest: Mapping) -> str:
     """Documents and tokens per language (the ``LANGUAGES_DRAWN`` with the most tokens), with
     a table of all: many short documents of a language weigh little in tokens."""
     languages = manifest.get("languages") or {}
@@ -594,23 +489,23 @@ def _languages(plt: Any, manifest: Mapping) -> str:
                      "document was kept")
     drawn = list(found.items())[:LANGUAGES_DRAWN]
 
-    def draw(*axes):
-        for ax, metric in zip(axes, ("documents", "tokens"), strict=True):
-            _bars(ax, [code for code, _ in drawn], [c[metric] for _, c in drawn],
+    def draw(*panels):
+        for panel, metric in zip(panels, ("documents", "tokens"), strict=True):
+            _bars(panel, [code for code, _ in drawn], [c[metric] for _, c in drawn],
                   f"{metric} per language (log)", COLORS["kept"])
-            ax.set_yscale("log")
+            panel.log_y = True
 
     selected = languages.get("selected")
     filtered = (f"<p>kept only {html.escape(','.join(selected))} with score >= "
                 f"{languages['min_score']}; filtered: "
                 + ", ".join(f"{html.escape(k)} {v:,}" for k, v in languages["filtered"].items())
                 + "</p>" if selected else "")
-    return (_figure(plt, draw, columns=2) + filtered
+    return (_figure(draw, columns=2) + filtered
             + _table(("language", "documents", "tokens"),
                      [(code, c["documents"], c["tokens"]) for code, c in found.items()]))
 
 
-def _quality_scores(plt: Any, manifest: Mapping) -> str:
+def _quality_scores(manifest: Mapping) -> str:
     """Each ``--quality_model``'s histogram of scores per branch, the threshold marked, and a
     table of what each scored and filtered."""
     found = [(branch, name, entry)
@@ -623,17 +518,16 @@ def _quality_scores(plt: Any, manifest: Mapping) -> str:
         edges = [float(edge) for edge in entry["histogram"]]
         counts = list(entry["histogram"].values())
 
-        def draw(ax, edges=edges, counts=counts, branch=branch, name=name, entry=entry):
-            ax.bar(edges, counts, width=entry["bin_width"], align="edge", color=COLORS["share"])
+        def draw(panel, edges=edges, counts=counts, branch=branch, name=name, entry=entry):
+            panel.columns(edges, counts, entry["bin_width"], COLORS["share"])
             if entry["min_score"] is not None:
-                ax.axvline(entry["min_score"], color=COLORS["filtered"], linestyle="--",
-                           label=f"--min_quality_score {entry['min_score']:g}")
-                ax.legend(loc="upper left")
-            _integer_ticks(ax.yaxis)
-            ax.set_title(f"{name} scores of {branch} records")
-            ax.set_xlabel("score")
+                panel.mark(entry["min_score"], COLORS["filtered"],
+                           f"--min_quality_score {entry['min_score']:g}")
+                panel.legend = "upper left"
+            panel.whole_y = True
+            panel.title, panel.xlabel = f"{name} scores of {branch} records", "score"
 
-        plots.append(_figure(plt, draw))
+        plots.append(_figure(draw))
     return "".join(plots) + _table(
         ("branch", "model", "kind", "scored", "mean", "minimum", "filtered"),
         [(branch, name, entry["kind"], entry["scored"],
@@ -642,7 +536,7 @@ def _quality_scores(plt: Any, manifest: Mapping) -> str:
          for branch, name, entry in found])
 
 
-def _domains(plt: Any, manifest: Mapping) -> str:
+def _domains(manifest: Mapping) -> str:
     """The domains with the most tokens kept and with the most documents dropped (the
     manifest keeps ``DOMAINS_LISTED`` of each, so the charts stay bounded)."""
     domains = manifest.get("domains") or {}
@@ -658,16 +552,16 @@ def _domains(plt: Any, manifest: Mapping) -> str:
         ("top_dropped", "Most documents dropped", "dropped", COLORS["filtered"]))
         if domains[key]]
 
-    def draw(*axes):
-        for ax, (key, title, metric, color) in zip(axes, rankings, strict=True):
-            _hbars(ax, [e["domain"] for e in domains[key]], [e[metric] for e in domains[key]],
+    def draw(*panels):
+        for panel, (key, title, metric, color) in zip(panels, rankings, strict=True):
+            _hbars(panel, [e["domain"] for e in domains[key]], [e[metric] for e in domains[key]],
                    title.lower(), color, "tokens" if metric == "tokens" else "documents")
     longest = max(len(domains[key]) for key, *_ in rankings)
     columns = ("domain", "documents", "kept", "tokens kept", "dropped")
     tables = [f"<h3>{html.escape(title)}</h3>" + _table(columns, [
         (e["domain"], e["documents"], e["kept"], e["tokens"], e["dropped"])
         for e in domains[key]]) for key, title, *_ in rankings]
-    return (head + _figure(plt, draw, height=0.9 + 0.25 * longest, columns=len(rankings))
+    return (head + _figure(draw, height=0.9 + 0.25 * longest, columns=len(rankings))
             + "".join(tables))
 
 
@@ -728,7 +622,6 @@ nav a{margin-right:1em}
 
 def build_report(output_dir: str) -> str:
     """The report's HTML, from OUTPUT/manifest.json and the files it lists."""
-    plt = _pyplot()
     manifest = read_manifest(output_dir)
     seq_len = manifest["instruction"]["seq_len"]
     sft = scan_packs(_paths(output_dir, manifest, "sft"), seq_len)
@@ -736,16 +629,16 @@ def build_report(output_dir: str) -> str:
     pieces = scan_blocks(_paths(output_dir, manifest, "pretrain"))
     bodies = {
         "overview": _overview(manifest, sft),
-        "records": _records(plt, manifest),
-        "lengths": _lengths(plt, manifest, sft),
-        "trained-share": _trained_share(plt, manifest, sft),
-        "packing": _packing(plt, manifest, sft, pieces),
-        "mixing": _mixing(plt, manifest),
+        "records": _records(manifest),
+        "lengths": _lengths(manifest, sft),
+        "trained-share": _trained_share(manifest, sft),
+        "packing": _packing(manifest, sft, pieces),
+        "mixing": _mixing(manifest),
         "personal-data": _personal_data(manifest),
         "boilerplate": _boilerplate(manifest),
-        "languages": _languages(plt, manifest),
-        "quality-scores": _quality_scores(plt, manifest),
-        "domains": _domains(plt, manifest),
+        "languages": _languages(manifest),
+        "quality-scores": _quality_scores(manifest),
+        "domains": _domains(manifest),
         "validation": _validation(manifest, held_sft),
         "tokenizer": _tokenizer(manifest),
     }
@@ -767,14 +660,10 @@ def write_report(output_dir: str) -> str:
 
 
 def publish(output_dir: str) -> str:
-    """Writes the dataset card and the report; returns the line that names the report (or
-    says how to get it when matplotlib is missing). Called at the end of a local run."""
+    """Writes the dataset card and the report; returns the line that names the report.
+    Called at the end of a local run."""
     write_card(output_dir)
-    try:
-        return f"report: {write_report(output_dir)}"
-    except ReportUnavailable:
-        return (f"report: not written, matplotlib is missing; {INSTALL_HINT}, then "
-                f"python -m beam_pipeline.report {output_dir}")
+    return f"report: {write_report(output_dir)}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -793,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_card_place(output)
         print(f"card: {write_card(output)}")
         print(f"report: {write_report(output)}")
-    except (ValueError, ReportUnavailable) as error:
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

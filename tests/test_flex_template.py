@@ -311,11 +311,9 @@ def test_sdist_carries_the_package_and_builds_from_itself(tmp_path):
     subprocess.run([sys.executable, "setup.py", "-q", "egg_info"], cwd=tree, check=True,
                    capture_output=True, timeout=120)
     requires = (tree / "beam_llm_dataprep.egg-info" / "requires.txt").read_text()
-    base, _, report_extra = requires.partition("[report]")
     pinned = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
               if line and not line.startswith("#")]
-    assert set(base.split()) == set(pinned)
-    assert report_extra.split() == ["matplotlib==3.10.9"]  # optional: workers never install it
+    assert set(requires.split()) == set(pinned)  # no extras: the report needs nothing more
     check = subprocess.run(
         [sys.executable, "-c", "import beam_pipeline.cli as p; print(p.__file__)"],
         check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tree)},

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline import report
+from beam_pipeline.charts import EM_PER_CHAR, FONT, Panel, layout
 from beam_pipeline.report import REPORT_NAME, SECTIONS, publish, scan_packs
 from tests.support.browser import visit
 from tests.support.report_run import curated_run
@@ -136,17 +137,18 @@ def test_report_is_rebuilt_from_a_copied_output_folder_alone(prepared, tmp_path,
     assert (copy / REPORT_NAME).read_text() == original.replace(str(prepared.output), str(copy))
 
 
-def test_without_matplotlib_the_card_is_written_and_the_line_says_how(prepared, tmp_path,
-                                                                       monkeypatch):
-    copy = tmp_path / "no-plots"
+def test_the_report_needs_no_plotting_library(prepared, tmp_path, monkeypatch):
+    """The charts are written as SVG by the report itself: with matplotlib unimportable a
+    run still ends with a complete report and card."""
+    copy = tmp_path / "no-plotting-library"
     shutil.copytree(prepared.output, copy)
     (copy / REPORT_NAME).unlink()
     (copy / "README.md").unlink()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
-    line = publish(str(copy))
-    assert line == (f"report: not written, matplotlib is missing; {report.INSTALL_HINT}, then "
-                    f"python -m beam_pipeline.report {copy}")
-    assert (copy / "README.md").is_file() and not (copy / REPORT_NAME).exists()
+    assert publish(str(copy)) == f"report: {copy / REPORT_NAME}"
+    original = (prepared.output / REPORT_NAME).read_text()
+    assert (copy / REPORT_NAME).read_text() == original.replace(str(prepared.output), str(copy))
+    assert (copy / "README.md").is_file()
 
 
 def test_report_command_refuses_a_folder_without_a_manifest(tmp_path, capsys):
@@ -176,30 +178,33 @@ def test_length_counters_doctests():
 
 @pytest.fixture
 def charts(monkeypatch):
-    """pyplot, and the axes of every chart a section draws, kept open instead of embedded."""
-    plt = report._pyplot()
-    drawn: list[list] = []
+    """The panels of every figure a section draws, kept instead of embedded."""
+    drawn: list[list[Panel]] = []
 
-    def keep(plt, draw, width=7.5, height=3.0, columns=1):
-        fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
-        draw(*axes[0])
-        fig.canvas.draw()  # places the tick labels
-        drawn.append(list(axes[0]))
+    def keep(draw, width=7.5, height=3.0, columns=1):
+        panels = [Panel() for _ in range(columns)]
+        draw(*panels)
+        drawn.append(panels)
         return ""
     monkeypatch.setattr(report, "_figure", keep)
-    yield plt, drawn
-    plt.close("all")
+    return drawn
 
 
-def _bars(ax) -> list[tuple[float, float, float]]:
-    """(left, right, height) of each vertical bar."""
-    return [(p.get_x(), p.get_x() + p.get_width(), p.get_height()) for p in ax.patches]
+def _bars(panel: Panel) -> list[tuple[float, float, float]]:
+    """(left, right, height) of each upright bar."""
+    return [(r.x0, r.x1, r.y1 - r.y0) for r in panel.rects]
 
 
-def _numeric_ticks(ax) -> list[float]:
-    """The x tick labels, each of which must name its own position (not a category index)."""
-    ticks = [(t.get_position()[0], t.get_text().replace("\u2212", "-"))
-             for t in ax.get_xticklabels() if t.get_text()]
+def _widths(panel: Panel) -> list[float]:
+    """The length of each lying bar, top first."""
+    return [r.x1 - r.x0 for r in panel.rects]
+
+
+def _numeric_ticks(panel: Panel) -> list[float]:
+    """The x tick labels as laid out, each of which must name its own position (not a
+    category index)."""
+    [(_, x, _)] = layout([panel], 540, 216)
+    ticks = [(position, label.replace(",", "")) for position, label in x.ticks if label]
     assert ticks and all(float(text) == position for position, text in ticks)
     return [position for position, _ in ticks]
 
@@ -207,10 +212,10 @@ def _numeric_ticks(ax) -> list[float]:
 def test_counts_per_pack_and_per_block_stand_on_a_numeric_axis(prepared, charts):
     """A bar per value while the values are few; with hundreds of them, bins of equal width:
     the bars stay few and a pack of 317 examples stands at x=317."""
-    plt, drawn = charts
+    drawn = charts
     few = report.PackStats(seq_len=1024, packs=11, segments_per_pack=Counter({1: 4, 2: 6, 9: 1}))
     many = Counter({k: 1 for k in range(1, 318)} | {3: 50})
-    report._packing(plt, prepared.manifest, few, many)
+    report._packing(prepared.manifest, few, many)
     [(_, per_pack), (per_block,)] = drawn
     assert [((left + right) / 2, height) for left, right, height in _bars(per_pack)] == [
         (value, few.segments_per_pack.get(value, 0)) for value in range(1, 10)]
@@ -220,24 +225,23 @@ def test_counts_per_pack_and_per_block_stand_on_a_numeric_axis(prepared, charts)
     assert sum(height for *_, height in bars) == sum(many.values())
     [(_, _, last)] = [bar for bar in bars if bar[0] <= 317 <= bar[1]]
     assert last >= 1 and bars[0][0] < 1 and max(_numeric_ticks(per_block)) >= 300
-    assert "(bins of 6)" in per_block.get_title()
+    assert "(bins of 6)" in per_block.title
 
 
 def test_sft_lengths_are_drawn_on_a_log_count_axis_with_a_marker_at_seq_len(prepared, charts):
-    plt, drawn = charts
+    drawn = charts
     seq_len = prepared.manifest["instruction"]["seq_len"]
     sft = scan_packs([str(f) for f in (prepared.output / "sft").glob("*.parquet")], seq_len)
-    report._lengths(plt, prepared.manifest, sft)
+    report._lengths(prepared.manifest, sft)
     _, lengths = drawn[0]
-    assert lengths.get_yscale() == "log" and lengths.get_xscale() == "linear"
-    [marker] = lengths.get_lines()
-    assert list(marker.get_xdata()) == [seq_len, seq_len]
-    assert marker.get_label() == f"seq_len {seq_len:,}"
+    assert lengths.log_y and lengths.x_labels is None  # a numeric length axis
+    assert [x for x, _ in lengths.marks] == [seq_len]
+    assert [key.label for key in lengths.keys] == [f"seq_len {seq_len:,}"]
     assert sum(height for *_, height in _bars(lengths)) == sft.examples
 
 
 def test_trained_share_and_truncation_per_source(prepared, charts):
-    plt, drawn = charts
+    drawn = charts
     manifest = prepared.manifest
     sources = {e["name"]: e["tokenized"]["instruction"] for e in manifest["inputs"]
                if "instruction" in e["tokenized"]}
@@ -246,15 +250,14 @@ def test_trained_share_and_truncation_per_source(prepared, charts):
     assert sum(f["truncated"] for f in sources.values()) == manifest["instruction"]["truncated"]
     truncated = json.loads(json.dumps(manifest))  # one source truncated, to see it drawn
     truncated["inputs"][3]["tokenized"]["instruction"].update(truncated=6, truncated_tokens=900)
-    page = report._sft_sources(plt, truncated)
+    page = report._sft_sources(truncated)
     [(trained, cut)] = drawn
-    names = [label.get_text() for label in trained.get_yticklabels()][::-1]
-    assert names == list(sources)
-    shares = [p.get_width() for p in trained.patches][::-1]
+    assert trained.y_labels == list(sources)
+    shares = _widths(trained)
     assert shares == pytest.approx([100 * f["trained_tokens"] / f["tokens"]
                                     for f in sources.values()])
     sharegpt = sources["sharegpt"]
-    assert [p.get_width() for p in cut.patches][::-1][1] == 100 * 6 / sharegpt["records"]
+    assert _widths(cut)[1] == 100 * 6 / sharegpt["records"]
     assert (f"<td>sharegpt</td><td>{sharegpt['records']:,}</td><td>{sharegpt['tokens']:,}</td>"
             f"<td>{sharegpt['trained_tokens']:,}</td>"
             f"<td>{sharegpt['trained_tokens'] / sharegpt['tokens']:.2%}</td><td>6</td>"
@@ -262,14 +265,14 @@ def test_trained_share_and_truncation_per_source(prepared, charts):
 
 
 def test_languages_are_drawn_by_documents_and_by_tokens(prepared, charts):
-    plt, drawn = charts
+    drawn = charts
     found = prepared.manifest["languages"]["by_language"]
     assert len(found) > 1
-    page = report._languages(plt, prepared.manifest)
+    page = report._languages(prepared.manifest)
     [(documents, tokens)] = drawn
     for ax, metric in ((documents, "documents"), (tokens, "tokens")):
-        assert ax.get_yscale() == "log"
-        assert [t.get_text() for t in ax.get_xticklabels()] == list(found)[:20]
+        assert ax.log_y
+        assert ax.x_labels == list(found)[:20]
         assert [h for *_, h in _bars(ax)] == [c[metric] for c in found.values()][:20]
     for code, counts in found.items():
         assert f"<td>{code}</td><td>{counts['documents']:,}</td><td>{counts['tokens']:,}</td>" \
@@ -298,13 +301,12 @@ DOMAINS = {  # a manifest's domains section: two of its domains kept, one only d
 
 
 def test_top_domains_kept_and_dropped_are_drawn_and_listed(charts):
-    plt, drawn = charts
-    page = report._domains(plt, {"domains": DOMAINS})
+    drawn = charts
+    page = report._domains({"domains": DOMAINS})
     [(kept, dropped)] = drawn
     for ax, key, metric in ((kept, "top_kept", "tokens"), (dropped, "top_dropped", "dropped")):
-        assert [t.get_text() for t in ax.get_yticklabels()][::-1] == [
-            e["domain"] for e in DOMAINS[key]]
-        assert [p.get_width() for p in ax.patches][::-1] == [e[metric] for e in DOMAINS[key]]
+        assert ax.y_labels == [e["domain"] for e in DOMAINS[key]]
+        assert _widths(ax) == [e[metric] for e in DOMAINS[key]]
     assert "9 documents from 3 domains, 6 kept with 700 tokens; 2 filtered" in page
     assert "<td>spam.example</td><td>2</td><td>0</td><td>0</td><td>2</td>" in page
 
@@ -323,15 +325,12 @@ def test_boilerplate_removed_and_documents_left_too_short_are_listed():
 
 
 def test_figures_make_room_for_their_labels_and_survive_one_longer_than_the_figure():
-    plt = report._pyplot()
-    axes = []
-
-    def draw(short, long):
-        report._hbars(short, ["a.example", "b.example"], [3, 4], "short names", "red", "docs")
-        report._hbars(long, ["x" * 250, "y"], [1, 2], "a 250-character host", "blue", "docs")
-        axes.extend((short, long))
-
-    assert report._figure(plt, draw, columns=2).startswith('<img class="plot"')
-    short, long = (ax.get_position() for ax in axes)  # as laid out
-    assert 0 < short.x0 < short.x1 < long.x0 < long.x1 <= 1  # side by side, inside the figure
-    assert long.x0 - short.x1 >= 0.3  # room for the second frame's (cut) labels
+    short, long = Panel(), Panel()
+    report._hbars(short, ["a.example", "b.example"], [3, 4], "short names", "red", "docs")
+    report._hbars(long, ["x" * 250, "y"], [1, 2], "a 250-character host", "blue", "docs")
+    (left, *_), (right, *_) = layout([short, long], 540, 216)
+    assert 0 < left.x0 < left.x1 < right.x0 < right.x1 <= 540  # side by side, in the figure
+    assert left.x0 > len("a.example") * EM_PER_CHAR * FONT  # room for the short labels
+    assert right.x0 - left.x1 >= 0.4 * 270  # the long ones' room, cut at 40% of a panel
+    drawn = report._figure(lambda *panels: None, columns=2)
+    assert drawn.startswith('<img class="plot" alt="" src="data:image/svg+xml;base64,')
