@@ -2,10 +2,10 @@
 
 The report draws a few kinds of chart: bars by category (upright, lying, stacked or side by
 side), bars over a numeric range, lines with markers and a dashed marker line, on linear,
-logarithmic or whole-number axes, with a legend. Drawn through matplotlib they cost 0.6-0.9 s a
-report (its tick and text objects, created and measured for every axis), most of a small run's
-report and a sixth of the run after its imports, and they made the report an optional extra.
-Written here they cost milliseconds and need nothing installed.
+logarithmic or whole-number axes, with a legend. Drawn through matplotlib they cost 0.8-0.9 s a
+report with its import (its tick and text objects, created and measured for every axis), over
+a quarter of a 4-line run after the run's imports, and they made the report an optional
+extra. Written here they cost milliseconds and need nothing installed.
 
 Text is not measured: a label's width is estimated from its length (``EM_PER_CHAR``), which is
 what a chart of counts needs, and a label too long for its figure is cut at the edge.
