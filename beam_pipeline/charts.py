@@ -124,6 +124,7 @@ class Panel:
             self.keys.append(Key(label, color, kind))
 
     def empty(self) -> bool:
+        """Nothing to draw: the frame and title alone (a section without data)."""
         return not (self.rects or self.lines or self.marks)
 
 
@@ -132,7 +133,7 @@ class Panel:
 
 @dataclasses.dataclass(frozen=True)
 class Axis:
-    """A data range laid on ``length`` points, and its ticks (position, label)."""
+    """A data range (of log10 values on a log axis) and its ticks (position, label)."""
 
     lo: float
     hi: float
@@ -180,6 +181,8 @@ def _nice_step(span: float, most: int, whole: bool) -> float:
 
 
 def category_axis(labels: Sequence[str], length: float, top_first: bool = False) -> Axis:
+    """Categories at 0, 1, ... (listed top first on a lying axis); labels wider than their
+    slot of ``length`` points are turned."""
     count = len(labels)
     positions = [count - 1 - i if top_first else i for i in range(count)]
     slot = length / max(count, 1)
@@ -193,10 +196,10 @@ def number_axis(values: Sequence[float], length: float, *, vertical: bool, log: 
     a bars' base of 0), and as many ticks as fit ``length`` points."""
     if log:
         positive = [v for v in values if v > 0] or [1.0]
-        least, most = math.log10(min(positive)), math.log10(max(positive))
+        least, greatest = math.log10(min(positive)), math.log10(max(positive))
         # down to a power of ten, and below the least value, whose bar would be empty there
         lo = min(math.floor(least), least - 0.3)
-        hi = max(math.ceil(most + 0.02), math.floor(lo) + 1)
+        hi = max(math.ceil(greatest + 0.02), math.floor(lo) + 1)
         first = math.ceil(lo)
         stride = math.ceil((hi - first + 1) / max(2, int(length / (2.6 * FONT))))
         ticks = [(float(e), _number(10.0 ** e, 10.0 ** e, 10.0 ** e))
