@@ -8,7 +8,9 @@ a quarter of a 4-line run after the run's imports, and they made the report an o
 extra. Written here they cost milliseconds and need nothing installed.
 
 Text is not measured: a label's width is estimated from its length (``EM_PER_CHAR``), which is
-what a chart of counts needs, and a label too long for its figure is cut at the edge.
+what a chart of counts needs, and a label too long for its panel is cut at the panel's edge.
+Characters that XML forbids (control characters, lone surrogates: a hostile URL's host name)
+are left out of the SVG.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 FONT = 9.0  # points; one SVG user unit is one point
 TITLE_FONT = 10.8
@@ -28,6 +33,7 @@ FAMILY = "DejaVu Sans,Helvetica,Arial,sans-serif"
 CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
          "#7f7f7f", "#bcbd22", "#17becf")
 LEGEND_PLACES = ("upper right", "lower right", "upper left", "outside")
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +49,8 @@ class Rect:
 
 @dataclasses.dataclass(frozen=True)
 class Line:
+    """A line through points in data units, with a marker at each."""
+
     xs: tuple[float, ...]
     ys: tuple[float, ...]
     color: str
@@ -93,17 +101,18 @@ class Panel:
         """Lying bars, the first label on top, each from ``starts`` (stacked) or from 0."""
         self.y_labels = list(labels)
         top = len(labels) - 1
+        each = [colors] * len(labels) if isinstance(colors, str) else list(colors)
         for i, value in enumerate(values):
             start = float(starts[i]) if starts is not None else 0.0
-            color = colors if isinstance(colors, str) else colors[i]
             self.rects.append(Rect(start, start + float(value), top - i - 0.4, top - i + 0.4,
-                                   color))
-        self._key(key, colors if isinstance(colors, str) else colors[0], "box")
+                                   each[i]))
+        if key is not None:
+            self._key(key, each[0], "box")
 
     def columns(self, starts: Sequence[float], heights: Sequence[float],
                 widths: float | Sequence[float], color: str) -> None:
         """Bars over a numeric x axis, each from its start to start + width."""
-        spans = [widths] * len(starts) if isinstance(widths, (int, float)) else widths
+        spans = [widths] * len(starts) if np.ndim(widths) == 0 else widths
         self.rects += [Rect(float(s), float(s + w), 0.0, float(h), color)
                        for s, w, h in zip(starts, spans, heights, strict=True)]
 
@@ -138,7 +147,7 @@ class Axis:
     lo: float
     hi: float
     log: bool
-    ticks: list[tuple[float, str]]
+    ticks: tuple[tuple[float, str], ...]
     rotated: bool = False  # category labels turned 45 degrees to fit
 
     def fraction(self, value: float) -> float:
@@ -187,13 +196,15 @@ def category_axis(labels: Sequence[str], length: float, top_first: bool = False)
     positions = [count - 1 - i if top_first else i for i in range(count)]
     slot = length / max(count, 1)
     rotated = not top_first and any(_text_width(label) > 0.95 * slot for label in labels)
-    return Axis(-0.5, count - 0.5, False, list(zip(positions, labels, strict=True)), rotated)
+    return Axis(-0.5, count - 0.5, False, tuple(zip(positions, labels, strict=True)), rotated)
 
 
 def number_axis(values: Sequence[float], length: float, *, vertical: bool, log: bool = False,
                 whole: bool = False, base: bool = False) -> Axis:
-    """A linear or logarithmic axis over ``values`` with a 5% margin at each end (none below
-    a bars' base of 0), and as many ticks as fit ``length`` points."""
+    """A linear axis over ``values`` with a 5% margin at each end (none below a bars' base of
+    0), or a logarithmic one from a power of ten below the least positive value to one above
+    the greatest, with as many ticks as fit ``length`` points."""
+    values = [v for v in values if math.isfinite(v)]
     if log:
         positive = [v for v in values if v > 0] or [1.0]
         least, greatest = math.log10(min(positive)), math.log10(max(positive))
@@ -202,8 +213,8 @@ def number_axis(values: Sequence[float], length: float, *, vertical: bool, log: 
         hi = max(math.ceil(greatest + 0.02), math.floor(lo) + 1)
         first = math.ceil(lo)
         stride = math.ceil((hi - first + 1) / max(2, int(length / (2.6 * FONT))))
-        ticks = [(float(e), _number(10.0 ** e, 10.0 ** e, 10.0 ** e))
-                 for e in range(first, hi + 1, stride)]
+        ticks = tuple((float(e), _number(10.0 ** e, 10.0 ** e, 10.0 ** e))
+                      for e in range(first, hi + 1, stride))
         return Axis(lo, float(hi), True, ticks)
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
     if hi == lo:
@@ -219,7 +230,7 @@ def number_axis(values: Sequence[float], length: float, *, vertical: bool, log: 
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
     spots = [round(k * step, 9) for k in range(first, last + 1)]
     largest = max(abs(v) for v in spots) if spots else 0.0
-    return Axis(lo, hi, False, [(v, _number(v, step, largest)) for v in spots])
+    return Axis(lo, hi, False, tuple((v, _number(v, step, largest)) for v in spots))
 
 
 def _axes(panel: Panel, width: float, height: float) -> tuple[Axis, Axis]:
@@ -227,7 +238,8 @@ def _axes(panel: Panel, width: float, height: float) -> tuple[Axis, Axis]:
     if panel.x_labels is not None:
         x = category_axis(panel.x_labels, width)
     else:
-        xs = [v for r in panel.rects for v in (r.x0, r.x1)] + [m for m, _ in panel.marks]
+        xs = ([v for r in panel.rects for v in (r.x0, r.x1)] + [m for m, _ in panel.marks]
+              + [v for line in panel.lines for v in line.xs])
         x = number_axis(xs, width, vertical=False, whole=panel.whole_x,
                         base=bool(panel.y_labels))
     if panel.y_labels is not None:
@@ -259,15 +271,20 @@ def _legend_size(panel: Panel) -> tuple[float, float]:
     return widest + 24 + size, len(panel.keys) * 1.5 * size + size
 
 
+def _below(x: Axis) -> float:
+    """Points the x axis's tick labels take below the ticks (turned ones take more)."""
+    if not x.rotated:
+        return FONT * 1.25
+    return max((_text_width(t) for _, t in x.ticks), default=0) * 0.71 + FONT * 0.71
+
+
 def _margins(panel: Panel, x: Axis, y: Axis) -> tuple[float, float, float, float]:
     """Points each frame needs outside itself: left, right, bottom, top."""
     if panel.empty():
-        x, y = Axis(0, 1, False, []), Axis(0, 1, False, [])
+        x, y = Axis(0, 1, False, ()), Axis(0, 1, False, ())
     labels = 1.4 * FONT
     left = PAD + TICK + 3 + max((_text_width(t) for _, t in y.ticks), default=0)
-    widest_x = max((_text_width(t) for _, t in x.ticks), default=0)
-    below = widest_x * 0.71 + FONT * 0.71 if x.rotated else FONT * 1.25
-    bottom = PAD + TICK + 3 + below
+    bottom = PAD + TICK + 3 + _below(x)
     left += labels if panel.ylabel else 0
     bottom += labels if panel.xlabel else 0
     top = PAD + (1.6 * TITLE_FONT if panel.title else 0)
@@ -282,18 +299,24 @@ def layout(panels: Sequence[Panel], width: float, height: float) -> list[tuple[F
     """Frames side by side with the same margins, each wide enough for its neighbours'
     labels, and their axes; ``width`` and ``height`` in points."""
     cell = width / len(panels)
-    guess = [_axes(p, 0.75 * cell, 0.7 * height) for p in panels]
-    margins = [_margins(p, *axes) for p, axes in zip(panels, guess, strict=True)]
-    left, right, bottom, top = (max(side) for side in zip(*margins, strict=True))
-    # A label too long for the figure (a 200-character host name) is cut, not an error.
     outside = any(p.keys and p.legend == "outside" for p in panels)
-    left, right = min(left, 0.4 * cell), min(right, (0.45 if outside else 0.3) * cell)
-    bottom, top = min(bottom, 0.6 * height), min(top, 0.35 * height)
-    placed = []
-    for i, panel in enumerate(panels):
-        frame = Frame(i * cell + left, (i + 1) * cell - right, top, height - bottom)
-        placed.append((frame, *_axes(panel, frame.x1 - frame.x0, frame.y1 - frame.y0)))
-    return placed
+    # A label too long for the figure (a 200-character host name) is cut, not an error.
+    caps = (0.4 * cell, (0.45 if outside else 0.3) * cell, 0.6 * height, 0.35 * height)
+    sides = (0.0, 0.0, 0.0, 0.0)
+    frames = [Frame(0.125 * cell, 0.875 * cell, 0.15 * height, 0.85 * height)] * len(panels)
+    # The ticks depend on the frame and the margins on the ticks: the second pass lays out
+    # the frames with the margins that the first pass's axes need, never less room than before.
+    for _ in range(2):
+        placed = [(frame, *_axes(p, frame.x1 - frame.x0, frame.y1 - frame.y0))
+                  for p, frame in zip(panels, frames, strict=True)]
+        needed = [_margins(p, x, y) for p, (_, x, y) in zip(panels, placed, strict=True)]
+        sides = tuple(min(max(old, *side), cap) for old, side, cap
+                      in zip(sides, zip(*needed, strict=True), caps, strict=True))
+        left, right, bottom, top = sides
+        frames = [Frame(i * cell + left, (i + 1) * cell - right, top, height - bottom)
+                  for i in range(len(panels))]
+    return [(frame, *_axes(p, frame.x1 - frame.x0, frame.y1 - frame.y0))
+            for p, frame in zip(panels, frames, strict=True)]
 
 
 # --------------------------------------------------------------------------- drawing
@@ -304,11 +327,10 @@ def _f(value: float) -> str:
 
 
 def _text(x: float, y: float, text: str, *, anchor: str = "middle", size: float = FONT,
-          rotate: float = 0.0, weight: str = "") -> str:
+          rotate: float = 0.0) -> str:
     turn = f' transform="rotate({_f(rotate)} {_f(x)} {_f(y)})"' if rotate else ""
-    bold = f' font-weight="{weight}"' if weight else ""
     return (f'<text x="{_f(x)}" y="{_f(y)}" text-anchor="{anchor}" font-size="{_f(size)}"'
-            f'{turn}{bold}>{html.escape(text)}</text>')
+            f'{turn}>{html.escape(_NOT_XML.sub("", text))}</text>')
 
 
 def _segment(x0: float, y0: float, x1: float, y1: float, color: str = "#000",
@@ -318,7 +340,8 @@ def _segment(x0: float, y0: float, x1: float, y1: float, color: str = "#000",
             f'stroke-width="{_f(width)}"{dash}/>')
 
 
-def _draw(panel: Panel, frame: Frame, x: Axis, y: Axis, clip: str) -> list[str]:
+def _draw(panel: Panel, frame: Frame, x: Axis, y: Axis, cell: Frame, clip: str) -> list[str]:
+    """The panel's SVG, every part of it cut at its ``cell`` of the figure."""
     w, h = frame.x1 - frame.x0, frame.y1 - frame.y0
 
     def px(value: float) -> float:
@@ -328,8 +351,13 @@ def _draw(panel: Panel, frame: Frame, x: Axis, y: Axis, clip: str) -> list[str]:
         return frame.y1 - y.fraction(value) * h
 
     out = [f'<clipPath id="{clip}"><rect x="{_f(frame.x0)}" y="{_f(frame.y0)}" '
-           f'width="{_f(w)}" height="{_f(h)}"/></clipPath><g clip-path="url(#{clip})">']
+           f'width="{_f(w)}" height="{_f(h)}"/></clipPath>',
+           f'<clipPath id="{clip}-cell"><rect x="{_f(cell.x0)}" y="{_f(cell.y0)}" '
+           f'width="{_f(cell.x1 - cell.x0)}" height="{_f(cell.y1 - cell.y0)}"/></clipPath>'
+           f'<g clip-path="url(#{clip}-cell)"><g clip-path="url(#{clip})">']
     for r in panel.rects:
+        if not all(map(math.isfinite, (r.x0, r.x1, r.y0, r.y1))):
+            continue
         left, right = sorted((px(r.x0), px(r.x1)))
         upper, lower = sorted((py(r.y1), py(r.y0)))
         out.append(f'<rect x="{_f(left)}" y="{_f(upper)}" width="{_f(right - left)}" '
@@ -354,20 +382,20 @@ def _draw(panel: Panel, frame: Frame, x: Axis, y: Axis, clip: str) -> list[str]:
         out.append(_text(at, frame.y0 - 0.6 * TITLE_FONT, panel.title, anchor=anchor,
                          size=TITLE_FONT))
     if panel.xlabel:
-        below = max((_text_width(t) for _, t in x.ticks), default=0) * 0.71 + FONT * 0.71 \
-            if x.rotated else FONT * 1.25
-        out.append(_text(frame.x0 + w / 2, frame.y1 + TICK + 3 + below + 1.2 * FONT,
-                         panel.xlabel))
+        at = min(frame.y1 + TICK + 3 + _below(x) + 1.2 * FONT, cell.y1 - 0.35 * FONT)
+        out.append(_text(frame.x0 + w / 2, at, panel.xlabel))
     if panel.ylabel:
         widest = max((_text_width(t) for _, t in y.ticks), default=0)
-        at = frame.x0 - TICK - 3 - widest - 0.5 * FONT
+        at = max(frame.x0 - TICK - 3 - widest - 0.5 * FONT, cell.x0 + FONT)
         out.append(_text(at, frame.y0 + h / 2, panel.ylabel, rotate=-90))
     if panel.keys:
         out += _legend(panel, frame)
+    out.append("</g>")
     return out
 
 
-def _ticks(x: Axis, y: Axis, px, py, frame: Frame) -> list[str]:
+def _ticks(x: Axis, y: Axis, px: Callable[[float], float], py: Callable[[float], float],
+           frame: Frame) -> list[str]:
     out = []
     for at, label in x.ticks:
         where = px(at)
@@ -414,8 +442,9 @@ def figure(panels: Sequence[Panel], width: float, height: float) -> str:
     """The SVG of ``panels`` side by side in a figure of ``width`` by ``height`` inches."""
     w, h = width * 72, height * 72
     body = []
+    cell = w / len(panels)
     for i, (frame, x, y) in enumerate(layout(panels, w, h)):
-        body += _draw(panels[i], frame, x, y, f"frame{i}")
+        body += _draw(panels[i], frame, x, y, Frame(i * cell, (i + 1) * cell, 0, h), f"frame{i}")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_f(w)}pt" height="{_f(h)}pt" '
             f'viewBox="0 0 {_f(w)} {_f(h)}" font-family="{FAMILY}" fill="#222">'
             f'<rect width="100%" height="100%" fill="#fff"/>{"".join(body)}</svg>')

@@ -154,22 +154,24 @@ def _figure(draw, width: float = 7.5, height: float = 3.0, columns: int = 1) -> 
     """Draws with ``draw(panels...)`` and returns an <img> holding the SVG."""
     panels = [Panel() for _ in range(columns)]
     draw(*panels)
-    data = base64.b64encode(figure(panels, width, height).encode("utf-8")).decode("ascii")
+    data = base64.b64encode(figure(panels, width, height).encode()).decode("ascii")
     return f'<img class="plot" alt="" src="data:image/svg+xml;base64,{data}">'
 
 
 def _bars(panel: Panel, labels: Sequence[str], values: Sequence[float], title: str,
           color: str, xlabel: str = "") -> None:
+    """Upright bars of counts, one per category."""
     panel.bars(labels, values, color)
+    panel.whole_y = True
     panel.title, panel.xlabel = title, xlabel
 
 
 def _hbars(panel: Panel, labels: Sequence[str], values: Sequence[float], title: str,
-           color: str | Sequence[str], xlabel: str) -> None:
+           color: str | Sequence[str], xlabel: str, counts: bool = True) -> None:
     """Lying bars, the first label on top: for names too long or too many to stand under
-    upright bars (reasons, sources, domains)."""
+    upright bars (reasons, sources, domains). Counts are ticked on whole numbers."""
     panel.hbars(labels, values, color)
-    panel.whole_x = True
+    panel.whole_x = counts
     panel.title, panel.xlabel = title, xlabel
 
 
@@ -385,9 +387,11 @@ def _sft_sources(manifest: Mapping) -> str:
 
     def draw(trained, truncated):
         _hbars(trained, names, [100 * f["trained_tokens"] / f["tokens"] for _, f in sources],
-               "trained share of each source's tokens", COLORS["share"], "% of tokens")
+               "trained share of each source's tokens", COLORS["share"], "% of tokens",
+               counts=False)
         _hbars(truncated, names, [100 * f["truncated"] / f["records"] for _, f in sources],
-               "truncated at seq_len", COLORS["rejected"], "% of the source's examples")
+               "truncated at seq_len", COLORS["rejected"], "% of the source's examples",
+               counts=False)
     rows = [(name, f["records"], f["tokens"], f["trained_tokens"],
              f["trained_tokens"] / f["tokens"], f["truncated"], f["truncated_tokens"],
              f["short_replies"]) for name, f in sources]
@@ -655,7 +659,7 @@ def write_report(output_dir: str) -> str:
     path = FileSystems.join(output_dir, REPORT_NAME)
     page = build_report(output_dir)
     with FileSystems.create(path) as handle:
-        handle.write(page.encode("utf-8"))
+        handle.write(page.encode("utf-8", "replace"))  # a lone surrogate from a URL
     return path
 
 

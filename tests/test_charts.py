@@ -7,7 +7,17 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from beam_pipeline.charts import Panel, category_axis, figure, layout, number_axis
+from beam_pipeline.charts import (
+    EM_PER_CHAR,
+    FONT,
+    PAD,
+    TICK,
+    Panel,
+    category_axis,
+    figure,
+    layout,
+    number_axis,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -67,7 +77,7 @@ def test_crowded_category_labels_are_turned():
     assert not category_axis(["en", "fr"], 200).rotated
     assert category_axis(["documents_changed", "paragraphs_removed"] * 5, 200).rotated
     lying = category_axis(["first", "second", "third"], 100, top_first=True)
-    assert lying.ticks == [(2, "first"), (1, "second"), (0, "third")]
+    assert lying.ticks == ((2, "first"), (1, "second"), (0, "third"))
 
 
 def _rects(svg: str) -> list[dict]:
@@ -123,3 +133,86 @@ def test_an_empty_panel_draws_its_title_and_no_ticks():
     empty = Panel(title="SFT: no examples")
     root = ET.fromstring(figure([empty], 3.0, 2.0))
     assert [t.text for t in root.iter(f"{SVG}text")] == ["SFT: no examples"]
+
+
+def _texts(root: ET.Element) -> dict[str, ET.Element]:
+    return {t.text: t for t in root.iter(f"{SVG}text")}
+
+
+def test_log_ticks_stand_where_their_powers_of_ten_are():
+    panel = Panel(log_y=True)
+    panel.bars(["a", "b"], [1, 100], "#111")
+    root = ET.fromstring(figure([panel], 7.5, 3.0))
+    at = {label: float(_texts(root)[label].get("y")) for label in ("1", "10", "100")}
+    assert at["1"] > at["10"] > at["100"]
+    assert at["1"] - at["10"] == pytest.approx(at["10"] - at["100"], abs=0.02)
+    tops = sorted(float(r["y"]) for r in _rects(ET.tostring(root, encoding="unicode")))
+    assert tops[0] == pytest.approx(at["100"] - 0.35 * FONT, abs=0.02)  # the 100 bar's top
+
+
+def test_horizontal_axes_leave_room_for_wide_labels():
+    upright = number_axis([0, 3_000_000], 200, vertical=True)
+    lying = number_axis([0, 3_000_000], 200, vertical=False)
+    assert len(lying.ticks) < len(upright.ticks)
+    widths = [len(label) * EM_PER_CHAR * FONT for _, label in lying.ticks]
+    spacing = 200 / (lying.hi - lying.lo) * (lying.ticks[1][0] - lying.ticks[0][0])
+    assert max(widths) < spacing
+
+
+def test_marks_are_dashed_lines_and_an_outside_legend_lies_beside_the_frame():
+    panel = Panel(legend="outside")
+    panel.columns([0, 10, 20], [5, 7, 2], 10, "#111")
+    panel.mark(25, "#c00", "seq_len 25")
+    (frame, x, _), = layout([panel], 540, 216)
+    root = ET.fromstring(figure([panel], 7.5, 3.0))
+    [mark] = [line for line in root.iter(f"{SVG}line") if line.get("stroke") == "#c00"
+              and line.get("y1") != line.get("y2")]
+    assert mark.get("stroke-dasharray")
+    assert float(mark.get("x1")) == pytest.approx(
+        frame.x0 + (25 - x.lo) / (x.hi - x.lo) * (frame.x1 - frame.x0), abs=0.02)
+    boxes = [r for r in root.iter(f"{SVG}rect") if r.get("stroke") == "#ccc"]
+    assert len(boxes) == 1 and float(boxes[0].get("x")) >= frame.x1
+
+
+def test_turned_labels_are_turned_and_the_axis_title_stays_in_the_figure():
+    panel = Panel(xlabel="tokens")
+    panel.bars([f"a label of thirty characters {i}" for i in range(10)], range(10), "#111")
+    root = ET.fromstring(figure([panel], 7.5, 3.0))
+    texts = _texts(root)
+    assert "rotate(-45" in texts["a label of thirty characters 0"].get("transform")
+    assert 0 < float(texts["tokens"].get("y")) <= 216
+
+
+def test_margins_fit_the_labels_of_the_final_axes():
+    panel = Panel(ylabel="count")
+    panel.bars(["a", "b"], [3, 16.6], "#111")
+    (frame, _, y), = layout([panel], 540, 216)
+    widest = max(len(label) for _, label in y.ticks) * EM_PER_CHAR * FONT
+    # the pad, the ticks, their labels and the axis title: 2.5-steps need "12.5", wider than
+    # the "15" of the first guess's axis
+    assert frame.x0 >= PAD + TICK + 3 + widest + 1.4 * FONT - 1e-9
+    root = ET.fromstring(figure([panel], 7.5, 3.0))
+    assert float(_texts(root)["count"].get("x")) > 0
+
+
+def test_a_long_label_is_cut_at_its_panel_not_drawn_over_the_next():
+    left, right = Panel(), Panel()
+    left.hbars(["a"], [1], "#111")
+    right.hbars(["x" * 250], [1], "#222")
+    root = ET.fromstring(figure([left, right], 7.5, 3.0))
+    cells = sorted(float(c[0].get("x")) for c in root.iter(f"{SVG}clipPath")
+                   if c.get("id").endswith("-cell"))
+    assert cells == [0, 270]
+    [label] = [t for t in root.iter(f"{SVG}text") if t.text == "x" * 250]
+    assert float(label.get("x")) > 270  # its end, at the right panel's frame
+
+
+def test_hostile_text_and_missing_values_still_make_a_figure():
+    panel = Panel(title="a\x01b\ud800c")
+    panel.hbars(["host\x00.example", "b.example"], [float("nan"), 2], "#111")
+    svg = figure([panel], 7.5, 3.0)
+    root = ET.fromstring(svg.encode())  # well-formed, and encodable as UTF-8
+    assert "nan" not in svg.lower() and "inf" not in svg
+    assert "abc" in _texts(root)
+    assert number_axis([float("nan"), 0, 5, float("inf")], 150, vertical=True).hi \
+        == pytest.approx(5.25)

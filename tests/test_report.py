@@ -3,10 +3,12 @@ headless Chromium (no console errors, no request leaving the file, every section
 shown, a screenshot kept), its figures checked against the Parquet outputs read independently,
 and rebuilt from a copied output folder alone."""
 
+import base64
 import doctest
 import json
 import shutil
 import sys
+import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
@@ -334,3 +336,22 @@ def test_figures_make_room_for_their_labels_and_survive_one_longer_than_the_figu
     assert right.x0 - left.x1 >= 0.4 * 270  # the long ones' room, cut at 40% of a panel
     drawn = report._figure(lambda *panels: None, columns=2)
     assert drawn.startswith('<img class="plot" alt="" src="data:image/svg+xml;base64,')
+
+
+def test_a_hostile_host_name_does_not_stop_the_report(prepared, tmp_path):
+    """A URL's host with a control character reaches the domains chart and table (a run
+    rejects records with lone surrogates, but a manifest edited by hand can hold one): the
+    report is still written, its SVG well-formed."""
+    copy = tmp_path / "hostile"
+    shutil.copytree(prepared.output, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    hostile = [{"domain": name, "documents": 2, "kept": 1, "dropped": 1, "tokens": 50}
+               for name in ("a\x01b.example", "c\ud800d.example")]
+    manifest["domains"] = {**DOMAINS, "top_kept": hostile, "top_dropped": hostile}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    page = Path(report.write_report(str(copy))).read_text(errors="strict")
+    images = [base64.b64decode(part.split('"', 1)[0])
+              for part in page.split("data:image/svg+xml;base64,")[1:]]
+    for svg in images:
+        ET.fromstring(svg)
+    assert any(b"ab.example" in svg for svg in images)
