@@ -160,18 +160,22 @@ def _text_width(text: str, size: float = FONT) -> float:
     return len(text) * EM_PER_CHAR * size
 
 
-def _exact_decimals(step: float) -> int:
-    """The fewest decimals that write ``step`` (and its multiples) exactly."""
-    return next((d for d in range(7) if abs(round(step, d) - step) <= 1e-9 * abs(step)), 6)
+def _exact_decimals(step: float) -> int | None:
+    """The fewest decimals (up to 4) that write ``step`` and its multiples exactly."""
+    return next((d for d in range(5) if abs(round(step, d) - step) <= 1e-9 * abs(step)), None)
 
 
 def _number(value: float, step: float, largest: float) -> str:
-    """A tick label: thousands separated; from 100,000 up in k, M or G."""
+    """A tick label: thousands separated; from 100,000 up in k, M or G; in significant digits
+    where the step needs more than four decimals (a span of 1e-7 around 1)."""
     if value == 0:
         return "0"
     unit, suffix = next(((u, s) for u, s in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
                          if largest >= 1e5 and largest >= u), (1.0, ""))
     decimals = _exact_decimals(step / unit)
+    if decimals is None:
+        digits = math.ceil(math.log10(max(abs(value), step) / step)) + 1
+        return f"{value / unit:.{digits}g}{suffix}"
     return f"{value / unit:,.{decimals}f}{suffix}"
 
 
@@ -228,7 +232,7 @@ def number_axis(values: Sequence[float], length: float, *, vertical: bool, log: 
     most = max(2, int(length / (2.6 * FONT if vertical else (wide * EM_PER_CHAR + 2) * FONT)))
     step = _nice_step(hi - lo, most, whole)
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
-    spots = [round(k * step, 9) for k in range(first, last + 1)]
+    spots = [float(f"{k * step:.12g}") for k in range(first, last + 1)]  # no float noise
     largest = max(abs(v) for v in spots) if spots else 0.0
     return Axis(lo, hi, False, tuple((v, _number(v, step, largest)) for v in spots))
 

@@ -216,3 +216,11 @@ def test_hostile_text_and_missing_values_still_make_a_figure():
     assert "abc" in _texts(root)
     assert number_axis([float("nan"), 0, 5, float("inf")], 150, vertical=True).hi \
         == pytest.approx(5.25)
+
+
+@pytest.mark.parametrize("values", [[1, 1 + 1e-7], [1e-9, 3e-9], [2e-5, 9e-5]])
+def test_tiny_spans_get_distinct_labels_that_name_their_place(values):
+    axis = number_axis(values, 150, vertical=True)
+    labels = [label for _, label in axis.ticks]
+    assert len(set(labels)) == len(labels) >= 2
+    assert all(float(label) == pytest.approx(at, rel=1e-9) for at, label in axis.ticks)
