@@ -32,7 +32,6 @@ FAMILY = "DejaVu Sans,Helvetica,Arial,sans-serif"
 # Colours of lines that name no colour of their own, in turn (matplotlib's default cycle).
 CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
          "#7f7f7f", "#bcbd22", "#17becf")
-LEGEND_PLACES = ("upper right", "lower right", "upper left", "outside")
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
@@ -78,7 +77,7 @@ class Panel:
     log_y: bool = False
     whole_x: bool = False  # ticks on whole numbers only: half a pack is not a count
     whole_y: bool = False
-    legend: str = "upper right"  # one of LEGEND_PLACES, where keys are drawn
+    legend: str = "upper right"  # where keys are drawn: or lower right, upper left, outside
     legend_font: float = FONT
     x_labels: list[str] | None = None
     y_labels: list[str] | None = None
@@ -311,9 +310,8 @@ def layout(panels: Sequence[Panel], width: float, height: float) -> list[tuple[F
     # The ticks depend on the frame and the margins on the ticks: the second pass lays out
     # the frames with the margins that the first pass's axes need, never less room than before.
     for _ in range(2):
-        placed = [(frame, *_axes(p, frame.x1 - frame.x0, frame.y1 - frame.y0))
+        needed = [_margins(p, *_axes(p, frame.x1 - frame.x0, frame.y1 - frame.y0))
                   for p, frame in zip(panels, frames, strict=True)]
-        needed = [_margins(p, x, y) for p, (_, x, y) in zip(panels, placed, strict=True)]
         sides = tuple(min(max(old, *side), cap) for old, side, cap
                       in zip(sides, zip(*needed, strict=True), caps, strict=True))
         left, right, bottom, top = sides
