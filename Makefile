@@ -11,7 +11,7 @@ CONSTRAINTS := -c constraints.txt
 setup: $(DEV_STAMP)
 
 # What the pipeline itself needs (the data report included): enough for `make demo`.
-$(RUN_STAMP): requirements.txt constraints.txt setup.py
+$(RUN_STAMP): requirements.txt constraints.txt setup.py transforms/knowledge/_words.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt $(CONSTRAINTS)
 	$(PY) -m pip install --quiet --no-deps -e .

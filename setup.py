@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 HERE = Path(__file__).parent
 
@@ -24,4 +24,8 @@ setup(
     package_data={"transforms.instruction": ["schemas/*.pbtxt", "templates/*.jinja"]},
     install_requires=requirements(),
     entry_points={"console_scripts": ["beam-dataprep=beam_pipeline.cli:main"]},
+    # The word finder's C kernel (transforms/knowledge/words.py). Optional: without a compiler
+    # the package installs all the same and finds words with numpy, the kernel's reference.
+    ext_modules=[Extension("transforms.knowledge._words", ["transforms/knowledge/_words.c"],
+                           extra_compile_args=["-O3"], optional=True)],
 )

@@ -15,7 +15,7 @@ from transforms.core.vocabulary import (
 )
 from transforms.io.planning import plan_shards
 from transforms.io.read_formats import read_shard
-from transforms.knowledge import quality
+from transforms.knowledge import quality, words
 from transforms.knowledge.normalize import normalize_text
 from transforms.knowledge.quality import (
     RULES,
@@ -29,6 +29,17 @@ from transforms.knowledge.quality import (
 from transforms.knowledge.words import split_words
 
 require_shared_data()
+
+
+@pytest.fixture(params=["kernel", "numpy"], autouse=True)
+def way(request, monkeypatch):
+    """Every test here runs on the C kernel's n-gram counts and on their numpy reference, each
+    with a verdict memory of its own (neither answers from the other's)."""
+    monkeypatch.setattr(quality, "_VERDICTS", {})
+    if request.param == "numpy":
+        monkeypatch.setattr(words, "_kernel", None)
+    elif words._kernel is None:
+        pytest.skip("the C kernel is not built (tests/knowledge/test_words_kernel.py says why)")
 
 PRETRAIN = SHARED_DATA / "pretrain"
 MULTILINGUAL = SHARED_DATA / "multilingual"

@@ -21,6 +21,15 @@ _ANY_WORD = re.compile(
     f"[{IDEOGRAPHS}]|{_NON_IDEOGRAPH}+(?:[{APOSTROPHES}]{_NON_IDEOGRAPH}+)*")
 
 
+@pytest.fixture(params=["kernel", "numpy"], autouse=True)
+def way(request, monkeypatch):
+    """Every test here runs on the C kernel and on its numpy reference."""
+    if request.param == "numpy":
+        monkeypatch.setattr(words, "_kernel", None)
+    elif words._kernel is None:
+        pytest.skip("the C kernel is not built (tests/knowledge/test_words_kernel.py says why)")
+
+
 def reference_words(text: str) -> list[str]:
     pattern = _ANY_WORD if re.search(f"[{IDEOGRAPHS}]", text) else _SPACED_WORD
     return pattern.findall(text)

@@ -45,6 +45,7 @@ from transforms.core.vocabulary import (
     TOO_MANY_WORDS,
     TOP_NGRAM,
 )
+from transforms.knowledge import words as _words
 from transforms.knowledge.words import IDEOGRAPHS, Words, find_words
 
 # Reason codes (filtered/ files and manifest.json).
@@ -114,6 +115,7 @@ class TextStats:
     def __init__(self, text: str):
         self.text = text
         self._ngrams: dict[int, np.ndarray] = {}
+        self._counts: dict[int, tuple[int, int, int, int]] = {}
 
     @functools.cached_property
     def digest(self) -> bytes:
@@ -164,6 +166,26 @@ class TextStats:
         """The most word characters any n consecutive words hold."""
         ends = self._word_ends
         return int((ends[n:] - ends[:-n]).max()) if len(ends) > n else 0
+
+    def _counted(self, n: int) -> tuple[int, int, int, int]:
+        """The kernel's ``ngrams``: the most frequent n-gram's count, first position and word
+        characters, and the word characters that repeated n-grams cover."""
+        if n not in self._counts:
+            self._counts[n] = _words._kernel.ngrams(self.word_ids, self.word_lengths, n)
+        return self._counts[n]
+
+    def count_bound(self, n: int) -> int:
+        """At least the count of the most frequent n-gram: the count itself with the kernel,
+        else the fullest of 2**k >= 2 x len hash buckets (see ``_max_count_bound``)."""
+        if _words._kernel is not None:
+            return self._counted(n)[0]
+        return _max_count_bound(self.ngram_ids(n))
+
+    def repeated_chars(self, n: int) -> int:
+        """Word characters inside an n-gram that occurred earlier (each word counted once)."""
+        if _words._kernel is not None:
+            return self._counted(n)[3]
+        return int(self.word_lengths[_repeated_cover(self.ngram_ids(n), n)].sum())
 
     def ngram_ids(self, n: int) -> np.ndarray:
         """One uint64 per n-gram of consecutive words (position i covers words i..i+n-1), as
@@ -334,18 +356,17 @@ def top_ngram(stats: TextStats, config: QualityConfig) -> str | None:
     documents for all n at once.
     """
     limits = sorted(config.max_top_ngram)
-    if not limits or not len(first := stats.ngram_ids(limits[0][0])):
+    if not limits or stats.word_count < limits[0][0]:
         return None
-    bound = _max_count_bound(first)
+    bound = stats.count_bound(limits[0][0])
     if bound < TOP_NGRAM_MIN_COUNT or not any(
             _above(_share(bound * stats.max_window_chars(n), stats.word_chars), maximum)
             for n, maximum in limits):
         return None
     for n, maximum in limits:
-        ids = stats.ngram_ids(n)
-        if not len(ids):
+        if stats.word_count < n:  # no n-gram at all
             break
-        bound = _max_count_bound(ids)
+        bound = stats.count_bound(n)
         if bound < TOP_NGRAM_MIN_COUNT:
             break
         if not _above(_share(bound * stats.max_window_chars(n), stats.word_chars), maximum):
@@ -370,7 +391,10 @@ def most_frequent_ngram(stats: TextStats, n: int) -> tuple[int, int]:
     """The count of the most frequent n-gram and its word characters; among n-grams equally
     frequent, the one that occurs first (as datatrove's Gopher filter picks it), so the verdict
     does not depend on how ids are assigned. One stable sort: the first position of each
-    distinct n-gram comes first in its run."""
+    distinct n-gram comes first in its run (or the kernel's one pass)."""
+    if _words._kernel is not None:
+        count, _, chars, _ = stats._counted(n)
+        return count, chars
     ids = stats.ngram_ids(n)
     order = np.argsort(ids, kind="stable")
     ordered = ids[order]
@@ -391,10 +415,9 @@ def duplicate_ngrams(stats: TextStats, config: QualityConfig) -> str | None:
     """
     limits = sorted(config.max_duplicate_ngrams)
     for i, (n, maximum) in enumerate(limits):
-        ids = stats.ngram_ids(n)
-        if not len(ids):
+        if stats.word_count < n:  # no n-gram at all
             break
-        share = _share(int(stats.word_lengths[_repeated_cover(ids, n)].sum()), stats.word_chars)
+        share = _share(stats.repeated_chars(n), stats.word_chars)
         if _above(share, maximum):
             return DUPLICATE_NGRAMS
         if all(share <= later for _, later in limits[i + 1:] if later):

@@ -16,6 +16,11 @@ character's code point and position in the word. Equal words get equal ids in ev
 two different words share one with a chance of about 2**-64. The folded id, deduplication's,
 is the same over each code point's one-to-one lower case (Python's ``str.lower`` where it gives
 one character) with the typographic apostrophe (U+2019) read as ``'``.
+
+``_words.c`` finds the words and both ids in one pass over the text's code points, from the
+class and lower-case tables built here; ``setup.py`` compiles it where a C compiler is (the
+package installs without one). The numpy code below is its reference, used where the kernel is
+not built: ``tests/knowledge/test_words.py`` checks that both give the same arrays.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ import functools
 import re
 
 import numpy as np
+
+try:
+    from transforms.knowledge import _words as _kernel
+except ImportError:  # built without a C compiler: the numpy reference below
+    _kernel = None
 
 # Kana and Han: one word per character.
 IDEOGRAPHS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
@@ -97,6 +107,7 @@ class Words:
     starts: np.ndarray
     lengths: np.ndarray
     not_letters: int  # digits and underscores: all inside words
+    hashed: tuple[np.ndarray, np.ndarray] | None = None  # (ids, folded ids), from the kernel
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -124,11 +135,13 @@ class Words:
     @functools.cached_property
     def ids(self) -> np.ndarray:
         """uint64 per word: equal words, equal ids."""
-        return self._hash(self.points)
+        return self._hash(self.points) if self.hashed is None else self.hashed[0]
 
     @functools.cached_property
     def folded_ids(self) -> np.ndarray:
         """uint64 per word: equal once lower-cased and with U+2019 read as '."""
+        if self.hashed is not None:
+            return self.hashed[1]
         return self._hash(_lower(_table_size(self.points))[self.points])
 
     def strings(self, text: str) -> list[str]:
@@ -140,6 +153,20 @@ class Words:
 
 def find_words(text: str) -> Words:
     """The words of ``text`` (see the module docstring)."""
+    if _kernel is None:
+        return find_words_numpy(text)
+    size = _kernel.plane_end(text)
+    points, starts, lengths, not_letters, ids, folded = _kernel.find(
+        text, _classes(size), _lower(size))
+    return Words(points=np.frombuffer(points, dtype=np.uint32),
+                 starts=np.frombuffer(starts, dtype=np.int64),
+                 lengths=np.frombuffer(lengths, dtype=np.int64), not_letters=not_letters,
+                 hashed=(np.frombuffer(ids, dtype=np.uint64),
+                         np.frombuffer(folded, dtype=np.uint64)))
+
+
+def find_words_numpy(text: str) -> Words:
+    """``find_words`` in numpy: the kernel's reference, and the way without it."""
     points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     classes = _classes(_table_size(points))[points]
     joined = (classes & _JOINED).astype(bool)
