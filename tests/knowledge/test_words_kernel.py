@@ -134,3 +134,21 @@ def test_same_verdicts_with_and_without_the_kernel(kernel, monkeypatch, config):
     assert verdicts() == with_kernel
     assert sum(found[1] is not None for found in with_kernel) > 200
     assert sum(found[2] is not None for found in with_kernel) > 200
+
+
+# Every character str.split() splits at, in and beyond ASCII, beside a few that it does not
+# (a zero-width space, NUL) and characters of every UTF-8 length, a lone surrogate included.
+SPACES = (" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f"
+          "\u3000\u200b\x00ab\u00e9\u4e2d\ud800\U0001f600\U0010ffff")
+
+
+def test_collapsed_is_split_and_join_in_utf8(kernel):
+    rng = random.Random(11)
+    texts = pretrain_documents() + other_shared_texts() + [
+        "".join(rng.choice(SPACES) for _ in range(rng.randint(0, 30))) for _ in range(30_000)]
+    different = []
+    for text in texts:
+        key = " ".join(text.split())
+        if kernel.collapsed(text) != (key.encode("utf-8", "surrogatepass"), len(key)):
+            different.append(text)
+    assert not different, f"{len(different)} texts differ, first {different[0][:100]!r}"

@@ -12,6 +12,8 @@
  *   the polynomial n-gram ids of quality.ngram_hashes: the count of the most frequent one, its
  *   first position (the earliest among equally frequent ones) and its word characters, and the
  *   word characters covered by n-grams that occurred before (quality._repeated_cover).
+ * collapsed(text) -> (utf8, length): " ".join(text.split()) encoded as UTF-8 with lone
+ *   surrogates passed through (as "surrogatepass" does), and its length in characters.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -251,10 +253,63 @@ done:
     return result;
 }
 
+static char *put_utf8(char *out, Py_UCS4 point)
+{
+    if (point < 0x80) {
+        *out++ = (char)point;
+    } else if (point < 0x800) {
+        *out++ = (char)(0xC0 | (point >> 6));
+        *out++ = (char)(0x80 | (point & 0x3F));
+    } else if (point < 0x10000) { /* surrogates too, as "surrogatepass" writes them */
+        *out++ = (char)(0xE0 | (point >> 12));
+        *out++ = (char)(0x80 | ((point >> 6) & 0x3F));
+        *out++ = (char)(0x80 | (point & 0x3F));
+    } else {
+        *out++ = (char)(0xF0 | (point >> 18));
+        *out++ = (char)(0x80 | ((point >> 12) & 0x3F));
+        *out++ = (char)(0x80 | ((point >> 6) & 0x3F));
+        *out++ = (char)(0x80 | (point & 0x3F));
+    }
+    return out;
+}
+
+static PyObject *collapsed(PyObject *self, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "collapsed() takes a str");
+        return NULL;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), length = 0;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    char *start = PyMem_Malloc(n > 0 ? (size_t)n * 4 : 1), *out = start;
+    if (start == NULL)
+        return PyErr_NoMemory();
+    int pending_space = 0; /* whitespace since the last word character written */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 point = PyUnicode_READ(kind, data, i);
+        if (Py_UNICODE_ISSPACE(point)) { /* what str.split() splits at */
+            pending_space = 1;
+            continue;
+        }
+        if (pending_space && out != start) {
+            *out++ = ' ';
+            length++;
+        }
+        pending_space = 0;
+        out = put_utf8(out, point);
+        length++;
+    }
+    PyObject *result = Py_BuildValue("y#n", start, (Py_ssize_t)(out - start), length);
+    PyMem_Free(start);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, "The words of a text, their ids and folded ids."},
     {"plane_end", plane_end, METH_O, "The end of the last Unicode plane a text reaches."},
     {"ngrams", ngrams, METH_VARARGS, "The most frequent n-gram and the repeated ones' cover."},
+    {"collapsed", collapsed, METH_O, "A text's words joined by single spaces, as UTF-8."},
     {NULL, NULL, 0, NULL},
 };
 

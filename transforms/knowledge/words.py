@@ -184,6 +184,16 @@ def find_words_numpy(text: str) -> Words:
                  not_letters=int(np.count_nonzero(classes & _NOT_LETTER)))
 
 
+def collapsed(text: str) -> tuple[bytes, int]:
+    """``" ".join(text.split())`` as UTF-8 (lone surrogates passed through) and its length in
+    characters: a paragraph's key for boilerplate (``dedup/units.py``), made without a string
+    per whitespace-separated word where the kernel is built."""
+    if _kernel is not None:
+        return _kernel.collapsed(text)
+    key = " ".join(text.split())
+    return key.encode("utf-8", "surrogatepass"), len(key)
+
+
 def split_words(text: str) -> list[str]:
     """The words of ``text`` as strings.
 

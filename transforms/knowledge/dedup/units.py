@@ -1,7 +1,7 @@
 """A document's boilerplate *units*, hashed: its paragraphs (and optionally the lines of its
 paragraphs) long enough to tell boilerplate from a common phrase (``paragraphs`` finds and
 removes the units many documents share). Pure text functions without Beam, so that helper
-processes that key documents (``text_keys``) import only these and numpy."""
+processes that key documents (``text_keys``) import only these, numpy and the words kernel."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hashlib
 import re
 
 from transforms.knowledge.dedup.config import BoilerplateConfig
+from transforms.knowledge.words import collapsed
 
 # A blank line (spaces allowed) and any more after it: what separates two paragraphs.
 _BREAK = re.compile(r"(\n[^\S\n]*\n\s*)")
@@ -19,11 +20,10 @@ def unit_hash(text: str, min_chars: int) -> int | None:
     ``min_chars``: too short to tell boilerplate from a common phrase."""
     if len(text) < min_chars:  # collapsing spaces never lengthens a text
         return None
-    key = " ".join(text.split())
-    if len(key) < min_chars:
+    key, length = collapsed(text)
+    if length < min_chars:
         return None
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
 def split_paragraphs(text: str) -> tuple[list[str], list[str]]:
