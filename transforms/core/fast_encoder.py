@@ -7,7 +7,9 @@ returns a ``TiktokenEncoder`` only for a backend that is that tokenizer, checked
 object itself, not its name:
 
 - the BPE model (vocabulary, merges and settings such as ``ignore_merges``) serialises to
-  ``QWEN2_BPE_SHA256``, the digest of the offline build;
+  ``QWEN2_BPE_SHA256``, the digest of the offline build; a backend that the pinned versions
+  just parsed from a ``tokenizer.json`` of the offline build's exact bytes is known to have
+  that model without serialising it (``prove_build``);
 - the normalizer is NFC alone, the pre-tokenizer Qwen's regex (``Isolated``) then byte-level
   without its own regex or prefix space, the post-processor adds no tokens (none or
   byte-level), there is no truncation or padding;
@@ -18,7 +20,8 @@ object itself, not its name:
   text, so the shared backend can be asked whatever its ``encode_special_tokens`` flag).
 
 Anything else gets None and the caller keeps the backend. The ranks are read from the loaded
-vocabulary (byte-level strings back to bytes), so they are the proven model's own.
+vocabulary (byte-level strings back to bytes), so they are the proven model's own, or from the
+build's ranks file where its bytes are the pinned ones, the same ranks.
 ``tests/core/test_fast_encoder.py`` compares ids with the backend on every shared pretraining
 document, the other shared datasets (Chinese, Korean, code, chats) and hand-made hard cases;
 ``-m slow`` adds every Unicode code point in several contexts.
@@ -34,6 +37,7 @@ lone surrogates, which the backend refuses, goes to the backend, which raises as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -68,6 +72,18 @@ SELF_CHECK = (
     "line\r\n\r\n\r\nnext\n\n\t\t  indented   \u00a0\u3000 end   ",
     " " * 40 + "x" + "\n" * 30,
 )
+
+# The offline default's build as the pinned tokenizers and transformers write it. A backend that
+# these versions parse from a tokenizer.json of exactly these bytes has the model that
+# QWEN2_BPE_SHA256 names, so hashing the file (0.03 s) proves what serialising the loaded model
+# (0.2 s) would; and the build's ranks file, the model's own ranks (``ranks_blob``), is read in
+# 0.08 s where decoding them from the vocabulary takes 0.2 s. Anything else (another version,
+# another file) is proven from the loaded model as before. tests/core/test_fast_encoder.py
+# checks both digests against a fresh build.
+BUILT_WITH = {"tokenizers": "0.23.3", "transformers": "5.24.0"}
+QWEN2_FILE_SHA256 = "c8e276c35151aa25b0d98b2713acf047cd8cbf5a62b8a3694ee8e80cca98b461"
+QWEN2_RANKS_SHA256 = "caa0a2b90ec75a6bbfdad77a3fe4e690869507f8bf08b4cf81877d4c7297fc0e"
+RANKS_FILE = "ranks.bin"
 
 _BYTE_LEVEL_PRETOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
 
@@ -132,11 +148,55 @@ def _ranks(backend: Tokenizer) -> dict[bytes, int]:
     return {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
 
 
+def ranks_blob(ranks: Mapping[bytes, int]) -> bytes:
+    """Ranks 0..n-1 as bytes: each token's length (one byte), then the tokens one after another."""
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    if [ranks[t] for t in tokens] != list(range(len(tokens))) or max(map(len, tokens)) > 255:
+        raise ValueError("ranks_blob takes ranks 0..n-1 of tokens of at most 255 bytes")
+    return bytes(map(len, tokens)) + b"".join(tokens)
+
+
+def _ranks_from_blob(blob: bytes, count: int) -> dict[bytes, int]:
+    ends = np.cumsum(np.frombuffer(blob, dtype=np.uint8, count=count), dtype=np.int64) + count
+    starts = [count, *ends[:-1].tolist()]
+    return {blob[a:b]: rank for rank, (a, b) in enumerate(zip(starts, ends.tolist(), strict=True))}
+
+
+def prove_build(backend: Tokenizer, directory: str) -> None:
+    """Marks ``backend``, just parsed from ``directory/tokenizer.json``, as the offline default's
+    model where that file's bytes and the versions are the pinned build's, and the build's
+    ranks file as the one to read the ranks from (see ``QWEN2_FILE_SHA256``). A completed
+    build directory is never written again, so the bytes hashed are the bytes parsed."""
+    import tokenizers
+    import transformers
+
+    versions = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__}
+    if versions != BUILT_WITH:
+        return
+    with open(os.path.join(directory, "tokenizer.json"), "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != QWEN2_FILE_SHA256:
+            return
+    _PROVEN_MODELS[id(backend)] = backend
+    _RANKS_FILES.append(os.path.join(directory, RANKS_FILE))
+
+
+def _read_ranks(backend: Tokenizer) -> dict[bytes, int]:
+    """The proven model's ranks: from a proven build's ranks file where its bytes are the
+    pinned ones, else decoded from the vocabulary."""
+    for path in _RANKS_FILES:
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            blob = f.read()
+            if hashlib.sha256(blob).hexdigest() == QWEN2_RANKS_SHA256:
+                return _ranks_from_blob(blob, backend.get_vocab_size(with_added_tokens=False))
+    return _ranks(backend)
+
+
 # Joins texts for ``encode_joined``: a special token no other contains a part of (NUL), with an
 # id far above any vocabulary's.
 SEPARATOR = "\0<|text boundary|>\0"
 SEPARATOR_ID = 1 << 30
 _RANKS: list[dict[bytes, int]] = []  # the proven model's ranks, once read
+_RANKS_FILES: list[str] = []  # the ranks files of the proven builds loaded (``prove_build``)
 _ENCODINGS: dict[tuple[tuple[str, int], ...], tiktoken.Encoding] = {}  # by special tokens
 _ENCODING_LOCK = threading.Lock()
 _RANKS_LOCK = threading.Lock()  # taken inside _ENCODING_LOCK, never the other way round
@@ -167,7 +227,7 @@ def qwen2_ranks(backend: Tokenizer) -> dict[bytes, int]:
     same proviso as ``qwen2_encoding``."""
     with _RANKS_LOCK:
         if not _RANKS:
-            _RANKS.append(_ranks(backend))
+            _RANKS.append(_read_ranks(backend))
         return _RANKS[0]
 
 

@@ -73,7 +73,7 @@ def builtin_template(name: str) -> str:
 CHATML_TEMPLATE = builtin_template("chatml")
 
 # Bump when the build changes in a way the digest below cannot see (code, not settings).
-_BUILDER_VERSION = "2"
+_BUILDER_VERSION = "3"
 _COMPLETE_MARKER = "BUILD_COMPLETE.json"
 # Beside the default's files: their names and its vocabulary's digest, found once at the build
 # instead of in every run (``tokenizer_identity`` sorts and hashes 151,646 tokens: 0.2 s).
@@ -149,6 +149,10 @@ def _build_qwen2_into(directory: str) -> None:
     facts = {"files": saved, "vocab_size": len(loaded), "vocab_sha256": _vocab_sha256(loaded)}
     with open(os.path.join(directory, _BUILD_FACTS), "w") as f:
         json.dump(facts, f)
+    from transforms.core import fast_encoder  # it imports this module
+
+    with open(os.path.join(directory, fast_encoder.RANKS_FILE), "wb") as f:
+        f.write(fast_encoder.ranks_blob(fast_encoder._ranks(loaded.backend_tokenizer)))
 
 
 def _qwen2_tokenizer(chat_template: str, **backend: Tokenizer | str) -> PreTrainedTokenizerFast:
@@ -176,8 +180,11 @@ def _load_default(directory: str) -> PreTrainedTokenizerFast:
     tok = _qwen2_tokenizer(template, tokenizer_file=os.path.join(directory, "tokenizer.json"))
     facts = _build_facts(directory)
     if facts is not None:
+        from transforms.core.fast_encoder import prove_build  # it imports this module
+
         backend = tok.backend_tokenizer
         _known_vocabs[id(backend)] = (backend, facts["vocab_size"], facts["vocab_sha256"])
+        prove_build(backend, directory)
     return tok
 
 
