@@ -152,3 +152,12 @@ def test_collapsed_is_split_and_join_in_utf8(kernel):
         if kernel.collapsed(text) != (key.encode("utf-8", "surrogatepass"), len(key)):
             different.append(text)
     assert not different, f"{len(different)} texts differ, first {different[0][:100]!r}"
+
+
+def test_the_lower_case_table_is_each_code_points_own_lower_case():
+    """Built a block at a time; the same as lowering every code point alone."""
+    table = words._lower.__wrapped__(0x110000)
+    for point in range(0x110000):
+        lower = chr(point).lower()
+        expected = ord("'") if point == 0x2019 else ord(lower) if len(lower) == 1 else point
+        assert table[point] == expected, hex(point)

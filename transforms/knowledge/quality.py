@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import re
 from collections.abc import Callable
 
@@ -144,11 +145,11 @@ class TextStats:
 
     @functools.cached_property
     def lines(self) -> list[str]:
-        return [line.strip() for line in self.text.split("\n") if line.strip()]
+        return [line for line in map(str.strip, self.text.split("\n")) if line]
 
     @functools.cached_property
     def paragraphs(self) -> list[str]:
-        return [p.strip() for p in self.text.split("\n\n") if p.strip()]
+        return [p for p in map(str.strip, self.text.split("\n\n")) if p]
 
     @property
     def word_ids(self) -> np.ndarray:
@@ -305,7 +306,7 @@ def ellipsis_lines(stats: TextStats, config: QualityConfig) -> str | None:
     """Most lines cut off with an ellipsis: snippets of other pages, not text."""
     if len(stats.lines) < RATIO_MIN_LINES:
         return None
-    ending = sum(line.endswith(_ELLIPSES) for line in stats.lines)
+    ending = sum(map(str.endswith, stats.lines, itertools.repeat(_ELLIPSES)))
     return ELLIPSIS_LINES if _above(_share(ending, len(stats.lines)), config.max_ellipsis_lines) \
         else None
 
@@ -314,7 +315,7 @@ def bullet_lines(stats: TextStats, config: QualityConfig) -> str | None:
     """Almost every line a bullet point: navigation menus and link lists."""
     if len(stats.lines) < RATIO_MIN_LINES:
         return None
-    bulleted = sum(line.startswith(_BULLETS) for line in stats.lines)
+    bulleted = sum(map(str.startswith, stats.lines, itertools.repeat(_BULLETS)))
     return BULLET_LINES if _above(_share(bulleted, len(stats.lines)), config.max_bullet_lines) \
         else None
 

@@ -72,14 +72,28 @@ def _classes(size: int) -> np.ndarray:
     return table
 
 
+_LOWER_BLOCK = 256
+
+
 @functools.cache
 def _lower(size: int) -> np.ndarray:
-    """Each code point below ``size`` mapped to its one-to-one lower case; U+2019 to '."""
+    """Each code point below ``size`` mapped to its one-to-one lower case; U+2019 to '.
+
+    A block of code points is lowered in one call where that keeps one character per code
+    point (every block but the few holding a character such as U+0130, whose lower case is two
+    characters, which are lowered one by one): the same table, a tenth of the time."""
     table = np.arange(size, dtype=np.uint32)
-    for point in range(size):
-        lower = chr(point).lower()
-        if len(lower) == 1:
-            table[point] = ord(lower)
+    for start in range(0, size, _LOWER_BLOCK):
+        block = "".join(map(chr, range(start, min(start + _LOWER_BLOCK, size))))
+        lowered = block.lower()
+        if len(lowered) == len(block):
+            table[start:start + len(block)] = np.frombuffer(
+                lowered.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+            continue
+        for point in range(start, start + len(block)):
+            lower = chr(point).lower()
+            if len(lower) == 1:
+                table[point] = ord(lower)
     table[0x2019] = ord("'")
     return table
 
