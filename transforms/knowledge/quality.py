@@ -46,7 +46,7 @@ from transforms.core.vocabulary import (
     TOO_MANY_WORDS,
     TOP_NGRAM,
 )
-from transforms.knowledge import words as _words
+from transforms.knowledge import words as words_module
 from transforms.knowledge.words import IDEOGRAPHS, Words, find_words
 
 # Reason codes (filtered/ files and manifest.json).
@@ -172,19 +172,19 @@ class TextStats:
         """The kernel's ``ngrams``: the most frequent n-gram's count, first position and word
         characters, and the word characters that repeated n-grams cover."""
         if n not in self._counts:
-            self._counts[n] = _words._kernel.ngrams(self.word_ids, self.word_lengths, n)
+            self._counts[n] = words_module._kernel.ngrams(self.word_ids, self.word_lengths, n)
         return self._counts[n]
 
     def count_bound(self, n: int) -> int:
         """At least the count of the most frequent n-gram: the count itself with the kernel,
         else the fullest of 2**k >= 2 x len hash buckets (see ``_max_count_bound``)."""
-        if _words._kernel is not None:
+        if words_module._kernel is not None:
             return self._counted(n)[0]
         return _max_count_bound(self.ngram_ids(n))
 
     def repeated_chars(self, n: int) -> int:
         """Word characters inside an n-gram that occurred earlier (each word counted once)."""
-        if _words._kernel is not None:
+        if words_module._kernel is not None:
             return self._counted(n)[3]
         return int(self.word_lengths[_repeated_cover(self.ngram_ids(n), n)].sum())
 
@@ -393,7 +393,7 @@ def most_frequent_ngram(stats: TextStats, n: int) -> tuple[int, int]:
     frequent, the one that occurs first (as datatrove's Gopher filter picks it), so the verdict
     does not depend on how ids are assigned. One stable sort: the first position of each
     distinct n-gram comes first in its run (or the kernel's one pass)."""
-    if _words._kernel is not None:
+    if words_module._kernel is not None:
         count, _, chars, _ = stats._counted(n)
         return count, chars
     ids = stats.ngram_ids(n)
