@@ -94,6 +94,7 @@ def test_a_fresh_build_is_proven_by_its_files_and_gives_the_models_own_ranks(fre
     backend = tk._load_default(str(fresh_build)).backend_tokenizer
     assert fe._PROVEN_MODELS.get(id(backend)) is backend
     assert hashlib.sha256(backend.model.__getstate__()).hexdigest() == fe.QWEN2_BPE_SHA256
+    tk._load_default(str(fresh_build))  # loaded again: its ranks file is listed once
     ranks_files = fe._RANKS_FILES
     assert ranks_files == [str(fresh_build / fe.RANKS_FILE)]
     assert fe._read_ranks(backend) == fe._ranks(backend)

@@ -177,7 +177,9 @@ def prove_build(backend: Tokenizer, directory: str) -> None:
         if hashlib.sha256(f.read()).hexdigest() != QWEN2_FILE_SHA256:
             return
     _PROVEN_MODELS[id(backend)] = backend
-    _RANKS_FILES.append(os.path.join(directory, RANKS_FILE))
+    ranks_file = os.path.join(directory, RANKS_FILE)
+    if ranks_file not in _RANKS_FILES:  # the same build loaded again
+        _RANKS_FILES.append(ranks_file)
 
 
 def _read_ranks(backend: Tokenizer) -> dict[bytes, int]:

@@ -20,7 +20,7 @@ one character) with the typographic apostrophe (U+2019) read as ``'``.
 ``_words.c`` finds the words and both ids in one pass over the text's code points, from the
 class and lower-case tables built here; ``setup.py`` compiles it where a C compiler is (the
 package installs without one). The numpy code below is its reference, used where the kernel is
-not built: ``tests/knowledge/test_words.py`` checks that both give the same arrays.
+not built: ``tests/knowledge/test_words_kernel.py`` checks that both give the same arrays.
 """
 
 from __future__ import annotations
